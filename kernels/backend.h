@@ -1,0 +1,169 @@
+// The backend interface: the few ops the transformer needs, implemented once per device
+// (kernels/cpu/, kernels/cuda/). The model (model/) is written against this interface only.
+//
+// Conventions:
+// - A Tensor is a row-major 2-D view of backend memory: `rows` x `cols`, row stride `ld`
+//   elements. Views never own memory; buffers come from Backend::alloc and are freed by the
+//   returned handle.
+// - T is the number of tokens in the step (all sequences' new tokens, concatenated).
+// - Weights are Matrix objects the backend owns in its preferred layout and compute dtype.
+// - Host arrays (token ids, positions, block tables) are passed as host pointers; a device
+//   backend copies what it needs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+enum class DType { kF32, kBF16, kF16 };
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;  // row stride in elements (>= cols)
+
+  // Columns [c0, c0 + n) of every row (a strided view).
+  Tensor col_slice(int64_t c0, int64_t n) const;
+  // Rows [r0, r0 + n).
+  Tensor row_slice(int64_t r0, int64_t n) const;
+  float* f32() const { return static_cast<float*>(data); }
+};
+
+// Backend memory; freed when the handle goes away.
+using Buffer = std::shared_ptr<void>;
+
+// A weight the backend owns: a matrix [rows, cols] used as `y = x W^T` (rows = outputs), or a
+// vector (rows == 1) used by norms and biases, or an embedding table gathered by row.
+class Matrix {
+ public:
+  virtual ~Matrix() = default;
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+
+ protected:
+  Matrix(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {}
+
+ private:
+  int64_t rows_;
+  int64_t cols_;
+};
+
+enum class MatrixUse {
+  kGemm,    // right-hand side of gemm (may be packed/converted to the compute dtype)
+  kVector,  // norm weight or bias, kept in f32
+  kTable,   // embedding table, gathered by row
+};
+
+// Rotary position embedding as the model file defines it.
+struct RopeConfig {
+  float theta = 10000.0f;          // base
+  int n_rot = 0;                   // leading dims of each head that rotate (= head_dim usually)
+  bool neox = false;               // true: pairs (i, i + n_rot/2) (qwen2); false: adjacent pairs (llama)
+  float freq_scale = 1.0f;         // linear scaling: position * freq_scale
+  std::vector<float> freq_factors; // optional per-pair divisors (Llama 3.1 rope_freqs), n_rot/2 entries
+};
+
+struct KvCacheConfig {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;  // tokens per block
+  int n_blocks = 0;     // blocks per layer (a block id indexes every layer)
+  DType dtype = DType::kF32;
+};
+
+// Paged KV memory: for each layer, K and V of shape [n_blocks, block_size, n_kv_heads, head_dim].
+// Which blocks belong to which sequence is the caller's business (kv/block_pool.h).
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  const KvCacheConfig& config() const { return config_; }
+
+ protected:
+  explicit KvCache(KvCacheConfig config) : config_(config) {}
+
+ private:
+  KvCacheConfig config_;
+};
+
+// One sequence's part of a step. Its new tokens are batch rows [row0, row0 + n_new), at positions
+// [kv_offset, kv_offset + n_new); keys [0, kv_offset) are already in the cache.
+struct SeqView {
+  int32_t row0 = 0;
+  int32_t n_new = 0;
+  int32_t kv_offset = 0;
+  const int32_t* block_table = nullptr;  // host; block ids covering positions [0, kv_offset + n_new)
+  int32_t n_blocks = 0;
+};
+
+struct BatchView {
+  int64_t n_tokens = 0;
+  const int32_t* tokens = nullptr;     // host [n_tokens]
+  const int32_t* positions = nullptr;  // host [n_tokens]
+  std::span<const SeqView> seqs;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // The dtype gemm computes in (f32 or bf16); activations between ops are f32 on CPU.
+  virtual DType compute_dtype() const = 0;
+
+  // ---- memory ----
+  virtual Buffer alloc(size_t bytes) = 0;
+  // A fresh tensor [rows, cols] in `dtype` with its own buffer (kept alive by `*holder`).
+  Tensor alloc_tensor(int64_t rows, int64_t cols, DType dtype, Buffer* holder);
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  // Host copy of a (possibly strided) f32 tensor, rows packed.
+  virtual void download_f32(const Tensor& t, float* host) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- weights ----
+  // `host` is f32 [rows, cols], row-major.
+  virtual std::unique_ptr<Matrix> make_matrix(const float* host, int64_t rows, int64_t cols, MatrixUse use) = 0;
+  virtual std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& config) = 0;
+
+  // ---- ops ----
+  // y[T, N] = x[T, K] · W[N, K]ᵀ (+ bias[N]); with accumulate, y += instead of =.
+  virtual void gemm(const Tensor& x, const Matrix& w, const Matrix* bias, const Tensor& y, bool accumulate) = 0;
+  // out[t] = x[t] / sqrt(mean(x[t]²) + eps) * w
+  virtual void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) = 0;
+  // out[t] = table[ids[t]]
+  virtual void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
+  // Rotates q [T, n_head*head_dim] and k [T, n_kv*head_dim] in place at their positions.
+  virtual void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim,
+                    const RopeConfig& rope) = 0;
+  // out[t, i] = silu(gate_up[t, i]) * gate_up[t, F + i], F = out.cols
+  virtual void silu_mul(const Tensor& gate_up, const Tensor& out) = 0;
+  // out[i] = x[rows[i]]
+  virtual void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, const Tensor& out) = 0;
+  // Writes the step's k and v rows [T, n_kv*head_dim] into the paged cache at their positions.
+  virtual void kv_write(KvCache& cache, int layer, const Tensor& k, const Tensor& v, const BatchView& batch) = 0;
+  // Causal attention, chunk-aware and GQA: each sequence's queries at positions
+  // [kv_offset, kv_offset + n_new) attend to cached keys [0, position]. q, out: [T, n_head*head_dim].
+  // Never materialises a T×T matrix (online softmax over key tiles).
+  virtual void attention(const Tensor& q, const KvCache& cache, int layer, const BatchView& batch,
+                         int n_head, float scale, const Tensor& out) = 0;
+};
+
+struct BackendOptions {
+  std::string device = "cpu";   // "cpu" or "cuda[:N]"
+  DType dtype = DType::kBF16;   // gemm compute dtype; bf16 falls back to f32 where unsupported
+  int n_threads = 0;            // CPU threads (0: all cores)
+};
+
+// The backend for `options.device`; nullptr and a message in `*error` when unavailable.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* error);
+
+}  // namespace baton

@@ -1,0 +1,224 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace baton {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// A cached matmul primitive is specific to M and the strides; a serving process sees a bounded
+// set of step sizes, but to be safe the cache is dropped whole when it grows past this.
+constexpr size_t kMaxCachedPrimitives = 64;
+
+void f32_to_bf16_rows(const Tensor& x, uint16_t* out) {
+  const int64_t k = x.cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(x.f32() + r * x.ld);
+    uint16_t* dst = out + r * k;
+#pragma omp simd
+    for (int64_t c = 0; c < k; ++c) {
+      uint32_t v = src[c];  // round to nearest even; activations are finite
+      dst[c] = static_cast<uint16_t>((v + 0x7FFFu + ((v >> 16) & 1u)) >> 16);
+    }
+  }
+}
+
+class CpuVector final : public Matrix {
+ public:
+  CpuVector(const float* host, int64_t rows, int64_t cols)
+      : Matrix(rows, cols), data(host, host + rows * cols) {}
+  std::vector<float> data;
+};
+
+// A gemm weight [N, K] packed by oneDNN into the layout its matmul prefers for the dtype.
+class CpuGemmMatrix final : public Matrix {
+ public:
+  CpuGemmMatrix(int64_t rows, int64_t cols) : Matrix(rows, cols) {}
+  dt dtype = dt::f32;
+  dnnl::memory weights;  // packed
+  dnnl::memory::desc weights_desc;
+  std::mutex mu;
+  // (M, ld of x, ld of y, accumulate, bias) -> primitive
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, dnnl::matmul> primitives;
+};
+
+class CpuKvCache final : public KvCache {
+ public:
+  explicit CpuKvCache(const KvCacheConfig& c) : KvCache(c) {
+    layer_elems = static_cast<size_t>(c.n_blocks) * c.block_size * c.n_kv_heads * c.head_dim;
+    size_t bytes = 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(c.n_layers);
+    memory.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    BATON_CHECK(memory != nullptr, "cannot allocate %zu bytes of KV cache", bytes);
+    std::memset(memory.get(), 0, bytes);
+  }
+  cpu::KvLayerView layer(int l) const {
+    const KvCacheConfig& c = config();
+    char* base = memory.get() + 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(l);
+    return {base, base + layer_elems * dtype_size(c.dtype), c.dtype, c.block_size, c.n_kv_heads, c.head_dim};
+  }
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> memory;
+  size_t layer_elems = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(DType dtype) : dtype_(dtype), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  std::string name() const override { return std::string("cpu (oneDNN, ") + dtype_name(dtype_) + " gemm)"; }
+  DType compute_dtype() const override { return dtype_; }
+
+  Buffer alloc(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    BATON_CHECK(p != nullptr, "cannot allocate %zu bytes", bytes);
+    return Buffer(p, [](void* q) { std::free(q); });
+  }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download_f32(const Tensor& t, float* host) override {
+    BATON_CHECK(t.dtype == DType::kF32, "download_f32 of a %s tensor", dtype_name(t.dtype));
+    for (int64_t r = 0; r < t.rows; ++r) std::memcpy(host + r * t.cols, t.f32() + r * t.ld, t.cols * sizeof(float));
+  }
+  void synchronize() override {}
+
+  std::unique_ptr<Matrix> make_matrix(const float* host, int64_t rows, int64_t cols, MatrixUse use) override {
+    if (use != MatrixUse::kGemm) return std::make_unique<CpuVector>(host, rows, cols);
+    auto m = std::make_unique<CpuGemmMatrix>(rows, cols);
+    m->dtype = dtype_ == DType::kBF16 ? dt::bf16 : dt::f32;
+    // Logical weights are [K, N]; the host rows are [N][K], i.e. format `ba`.
+    dnnl::memory::desc plain_f32({cols, rows}, dt::f32, tag::ba);
+    dnnl::memory plain(plain_f32, engine_, const_cast<float*>(host));
+    // Let matmul choose the packed layout (for AMX/avx512 brgemm); it accepts that layout for every M.
+    dnnl::memory::desc src({256, cols}, m->dtype, tag::ab), dst({256, rows}, dt::f32, tag::ab);
+    dnnl::memory::desc any({cols, rows}, m->dtype, tag::any);
+    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, any, dst), engine_);
+    m->weights_desc = pd.weights_desc();
+    m->weights = dnnl::memory(m->weights_desc, engine_);
+    dnnl::reorder(plain, m->weights).execute(stream_, plain, m->weights);
+    stream_.wait();
+    return m;
+  }
+
+  std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& config) override {
+    return std::make_unique<CpuKvCache>(config);
+  }
+
+  void gemm(const Tensor& x, const Matrix& w_base, const Matrix* bias, const Tensor& y, bool accumulate) override {
+    auto& w = const_cast<CpuGemmMatrix&>(dynamic_cast<const CpuGemmMatrix&>(w_base));
+    const int64_t m = x.rows, k = x.cols, n = w.rows();
+    BATON_CHECK(k == w.cols() && y.rows == m && y.cols == n, "gemm shapes: x [%ld, %ld], w [%ld, %ld], y [%ld, %ld]",
+                static_cast<long>(m), static_cast<long>(k), static_cast<long>(w.rows()), static_cast<long>(w.cols()),
+                static_cast<long>(y.rows), static_cast<long>(y.cols));
+    if (m == 0) return;
+    void* src_ptr = x.data;
+    int64_t src_ld = x.ld;
+    if (w.dtype == dt::bf16) {
+      if (bf16_scratch_.size() < static_cast<size_t>(m * k)) bf16_scratch_.resize(static_cast<size_t>(m * k));
+      f32_to_bf16_rows(x, bf16_scratch_.data());
+      src_ptr = bf16_scratch_.data();
+      src_ld = k;
+    }
+    dnnl::memory::desc src_md({m, k}, w.dtype, {src_ld, 1});
+    dnnl::memory::desc dst_md({m, n}, dt::f32, {y.ld, 1});
+    dnnl::memory::desc bias_md({1, n}, dt::f32, tag::ab);
+    dnnl::matmul prim;
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      auto key = std::make_tuple(m, src_ld, y.ld, accumulate, bias != nullptr);
+      auto it = w.primitives.find(key);
+      if (it == w.primitives.end()) {
+        if (w.primitives.size() >= kMaxCachedPrimitives) w.primitives.clear();
+        dnnl::primitive_attr attr;
+        if (accumulate) {
+          dnnl::post_ops po;
+          po.append_sum(1.0f);
+          attr.set_post_ops(po);
+        }
+        auto desc = bias != nullptr ? dnnl::matmul::desc(src_md, w.weights_desc, bias_md, dst_md)
+                                    : dnnl::matmul::desc(src_md, w.weights_desc, dst_md);
+        it = w.primitives.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine_))).first;
+      }
+      prim = it->second;
+    }
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, dnnl::memory(src_md, engine_, src_ptr)},
+        {DNNL_ARG_WEIGHTS, w.weights},
+        {DNNL_ARG_DST, dnnl::memory(dst_md, engine_, y.data)},
+    };
+    if (bias != nullptr) {
+      auto& b = dynamic_cast<const CpuVector&>(*bias);
+      BATON_CHECK(b.rows() * b.cols() == n, "bias of %ld elements for %ld outputs", static_cast<long>(b.rows() * b.cols()),
+                  static_cast<long>(n));
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, engine_, const_cast<float*>(b.data.data())));
+    }
+    prim.execute(stream_, args);
+    stream_.wait();
+  }
+
+  void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) override {
+    cpu::rms_norm(x, vec(w), eps, out);
+  }
+  void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) override {
+    cpu::embed(vec(table), table.cols(), ids, n, out);
+  }
+  void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim, const RopeConfig& r) override {
+    cpu::rope(q, k, positions, head_dim, r);
+  }
+  void silu_mul(const Tensor& gate_up, const Tensor& out) override { cpu::silu_mul(gate_up, out); }
+  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, const Tensor& out) override {
+    cpu::gather_rows(x, rows, n, out);
+  }
+  void kv_write(KvCache& cache, int layer, const Tensor& k, const Tensor& v, const BatchView& batch) override {
+    cpu::kv_write(static_cast<CpuKvCache&>(cache).layer(layer), k, v, batch);
+  }
+  void attention(const Tensor& q, const KvCache& cache, int layer, const BatchView& batch, int n_head, float scale,
+                 const Tensor& out) override {
+    cpu::attention(q, static_cast<const CpuKvCache&>(cache).layer(layer), batch, n_head, scale, out);
+  }
+
+ private:
+  static const float* vec(const Matrix& m) { return dynamic_cast<const CpuVector&>(m).data.data(); }
+
+  DType dtype_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::vector<uint16_t> bf16_scratch_;
+};
+
+}  // namespace
+
+bool cpu_has_bf16() { return __builtin_cpu_supports("avx512bf16"); }
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::string* error) {
+  if (options.n_threads < 0) {
+    *error = "--threads must be >= 0 (0 uses every core)";
+    return nullptr;
+  }
+  if (options.n_threads > 0) omp_set_num_threads(options.n_threads);
+  DType dtype = options.dtype;
+  if (dtype == DType::kF16) {
+    *error = "the CPU backend computes in f32 or bf16, not f16";
+    return nullptr;
+  }
+  // Without native bf16 the oneDNN bf16 path is emulated and slower than f32: use f32.
+  if (dtype == DType::kBF16 && !cpu_has_bf16()) dtype = DType::kF32;
+  return std::make_unique<CpuBackend>(dtype);
+}
+
+}  // namespace baton

@@ -1,0 +1,85 @@
+#include "model/generator.h"
+
+#include <algorithm>
+
+namespace baton {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                                           const std::function<bool(int32_t)>& on_token) {
+  const ModelConfig& c = model_.config();
+  if (prompt.empty()) return invalid_argument("the prompt is empty: give at least one token");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= c.n_vocab) {
+      return invalid_argument("prompt token " + std::to_string(i) + " has id " + std::to_string(prompt[i]) +
+                              ", outside the vocabulary [0, " + std::to_string(c.n_vocab) + ")");
+    }
+  }
+  if (opt.max_tokens < 0) return invalid_argument("max_tokens must be >= 0");
+  const int64_t n_total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+  if (static_cast<int64_t>(prompt.size()) > c.n_ctx) {
+    return invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
+                            std::to_string(c.n_ctx));
+  }
+  if (n_total > c.n_ctx) {
+    return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                            std::to_string(opt.max_tokens) + ") exceeds the model's context of " + std::to_string(c.n_ctx));
+  }
+  if (opt.prefill_chunk < 0) return invalid_argument("prefill chunk must be >= 0");
+  BATON_RETURN_IF_ERROR(validate_sampling(opt.sampling));
+
+  BlockPool pool(static_cast<int>((n_total + opt.block_size - 1) / opt.block_size), opt.block_size);
+  auto cache = model_.make_kv_cache(pool.n_total(), opt.block_size, opt.kv_dtype);
+  std::vector<int32_t> table;
+  BATON_CHECK(pool.grow_to(table, n_total), "pool sized for the request cannot hold it");
+
+  GenerateResult res;
+  res.n_prompt = static_cast<int>(prompt.size());
+  StepBatch batch;
+  std::vector<float> logits;
+  const int64_t n_prompt = res.n_prompt;
+  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : n_prompt;
+
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < n_prompt; s += chunk) {
+    const int64_t n = std::min(chunk, n_prompt - s);
+    const bool last = s + n == n_prompt;
+    batch.clear();
+    batch.add(std::span(prompt).subspan(s, n), static_cast<int32_t>(s), table,
+              opt.all_prompt_logits ? Logits::kAll : (last ? Logits::kLast : Logits::kNone));
+    model_.forward(batch, *cache, &logits);
+    if (opt.all_prompt_logits) res.prompt_logits.insert(res.prompt_logits.end(), logits.begin(), logits.end());
+  }
+  res.last_logits.assign(logits.end() - c.n_vocab, logits.end());
+  res.prefill_seconds = seconds_since(t0);
+
+  auto t1 = std::chrono::steady_clock::now();
+  Sampler sampler(opt.sampling);
+  res.finish_reason = "length";
+  std::vector<float> step_logits = res.last_logits;
+  for (int i = 0; i < opt.max_tokens; ++i) {
+    const int32_t id = sampler.sample(step_logits);
+    res.tokens.push_back(id);
+    const bool is_stop = !opt.ignore_eos && std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end();
+    const bool keep_going = on_token ? on_token(id) : true;
+    if (is_stop || !keep_going) {
+      res.finish_reason = "stop";
+      break;
+    }
+    if (i + 1 == opt.max_tokens) break;
+    batch.clear();
+    batch.add(std::span(&res.tokens.back(), 1), static_cast<int32_t>(n_prompt + i), table, Logits::kLast);
+    model_.forward(batch, *cache, &step_logits);
+  }
+  res.decode_seconds = seconds_since(t1);
+  pool.release(table);
+  return res;
+}
+
+}  // namespace baton

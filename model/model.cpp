@@ -1,0 +1,160 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "model/dequant.h"
+
+namespace baton {
+namespace {
+
+// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest).
+Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
+  const GgufTensorInfo* t = f.tensor(name);
+  if (t == nullptr) return not_found("tensor '" + name + "' is missing from the model file");
+  const bool is_vector = rows == 1;
+  const bool shape_ok = is_vector ? (t->dims.size() == 1 && t->dims[0] == static_cast<uint64_t>(cols))
+                                  : (t->dims.size() == 2 && t->dims[0] == static_cast<uint64_t>(cols) &&
+                                     t->dims[1] == static_cast<uint64_t>(rows));
+  if (!shape_ok) {
+    std::string dims;
+    for (uint64_t d : t->dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    return invalid_argument("tensor '" + name + "' has shape [" + dims + "], expected [" + std::to_string(cols) +
+                            (is_vector ? "" : ", " + std::to_string(rows)) + "] (ggml order)");
+  }
+  return dequantize_tensor(f, *t);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend) {
+  BATON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
+  auto model = std::unique_ptr<Model>(new Model(config, backend));
+  BATON_RETURN_IF_ERROR(model->load_weights(file));
+  model->fingerprint_ = model_fingerprint(config, file);
+  return model;
+}
+
+Status Model::load_weights(const GgufFile& f) {
+  const ModelConfig& c = config_;
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  Backend& be = backend_;
+
+  BATON_ASSIGN_OR_RETURN(std::vector<float> embd, load_tensor(f, "token_embd.weight", c.n_vocab, c.dim));
+  tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
+  if (c.tied_output) {
+    lm_head_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kGemm);
+  } else {
+    BATON_ASSIGN_OR_RETURN(std::vector<float> out, load_tensor(f, "output.weight", c.n_vocab, c.dim));
+    lm_head_ = be.make_matrix(out.data(), c.n_vocab, c.dim, MatrixUse::kGemm);
+  }
+  BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, load_tensor(f, "output_norm.weight", 1, c.dim));
+  out_norm_ = be.make_matrix(onorm.data(), 1, c.dim, MatrixUse::kVector);
+
+  layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& w = layers_[l];
+    BATON_ASSIGN_OR_RETURN(std::vector<float> an, load_tensor(f, p + "attn_norm.weight", 1, c.dim));
+    w.attn_norm = be.make_matrix(an.data(), 1, c.dim, MatrixUse::kVector);
+    BATON_ASSIGN_OR_RETURN(std::vector<float> fn, load_tensor(f, p + "ffn_norm.weight", 1, c.dim));
+    w.ffn_norm = be.make_matrix(fn.data(), 1, c.dim, MatrixUse::kVector);
+
+    // q, k, v stacked by rows into one [q_dim + 2 kv_dim, dim] matrix: one GEMM per step.
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wq, load_tensor(f, p + "attn_q.weight", q_dim, c.dim));
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wk, load_tensor(f, p + "attn_k.weight", kv_dim, c.dim));
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wv, load_tensor(f, p + "attn_v.weight", kv_dim, c.dim));
+    wq.insert(wq.end(), wk.begin(), wk.end());
+    wq.insert(wq.end(), wv.begin(), wv.end());
+    w.wqkv = be.make_matrix(wq.data(), q_dim + 2 * kv_dim, c.dim, MatrixUse::kGemm);
+    if (c.qkv_bias) {
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bq, load_tensor(f, p + "attn_q.bias", 1, q_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bk, load_tensor(f, p + "attn_k.bias", 1, kv_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bv, load_tensor(f, p + "attn_v.bias", 1, kv_dim));
+      bq.insert(bq.end(), bk.begin(), bk.end());
+      bq.insert(bq.end(), bv.begin(), bv.end());
+      w.bqkv = be.make_matrix(bq.data(), 1, q_dim + 2 * kv_dim, MatrixUse::kVector);
+    }
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wo, load_tensor(f, p + "attn_output.weight", c.dim, q_dim));
+    w.wo = be.make_matrix(wo.data(), c.dim, q_dim, MatrixUse::kGemm);
+
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wg, load_tensor(f, p + "ffn_gate.weight", c.ffn_dim, c.dim));
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wu, load_tensor(f, p + "ffn_up.weight", c.ffn_dim, c.dim));
+    wg.insert(wg.end(), wu.begin(), wu.end());
+    w.w_gate_up = be.make_matrix(wg.data(), 2 * static_cast<int64_t>(c.ffn_dim), c.dim, MatrixUse::kGemm);
+    BATON_ASSIGN_OR_RETURN(std::vector<float> wd, load_tensor(f, p + "ffn_down.weight", c.dim, c.ffn_dim));
+    w.w_down = be.make_matrix(wd.data(), c.dim, c.ffn_dim, MatrixUse::kGemm);
+  }
+  return {};
+}
+
+std::unique_ptr<KvCache> Model::make_kv_cache(int n_blocks, int block_size, DType dtype) const {
+  KvCacheConfig kc;
+  kc.n_layers = config_.n_layers;
+  kc.n_kv_heads = config_.n_kv_heads;
+  kc.head_dim = config_.head_dim;
+  kc.block_size = block_size;
+  kc.n_blocks = n_blocks;
+  kc.dtype = dtype;
+  return backend_.make_kv_cache(kc);
+}
+
+void Model::reserve(int64_t n) {
+  if (n <= capacity_) return;
+  const ModelConfig& c = config_;
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  x_ = backend_.alloc_tensor(n, c.dim, DType::kF32, &x_buf_);
+  h_ = backend_.alloc_tensor(n, c.dim, DType::kF32, &h_buf_);
+  qkv_ = backend_.alloc_tensor(n, qkv_dim, DType::kF32, &qkv_buf_);
+  att_ = backend_.alloc_tensor(n, q_dim, DType::kF32, &att_buf_);
+  ffn_ = backend_.alloc_tensor(n, 2 * static_cast<int64_t>(c.ffn_dim), DType::kF32, &ffn_buf_);
+  act_ = backend_.alloc_tensor(n, c.ffn_dim, DType::kF32, &act_buf_);
+  capacity_ = n;
+}
+
+void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.n_tokens();
+  BATON_CHECK(n > 0, "forward of an empty batch");
+  reserve(n);
+  Backend& be = backend_;
+  const BatchView view = batch.view();
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const Tensor x = x_.row_slice(0, n), h = h_.row_slice(0, n), qkv = qkv_.row_slice(0, n);
+  const Tensor att = att_.row_slice(0, n), ffn = ffn_.row_slice(0, n), act = act_.row_slice(0, n);
+  const Tensor q = qkv.col_slice(0, q_dim), k = qkv.col_slice(q_dim, kv_dim), v = qkv.col_slice(q_dim + kv_dim, kv_dim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  be.embed(*tok_embd_, batch.tokens().data(), n, x);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    be.rms_norm(x, *w.attn_norm, c.rms_eps, h);
+    be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false);
+    be.rope(q, k, view.positions, c.head_dim, c.rope);
+    be.kv_write(cache, l, k, v, view);
+    be.attention(q, cache, l, view, c.n_heads, scale, att);
+    be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true);  // residual: x += attn · Woᵀ
+    be.rms_norm(x, *w.ffn_norm, c.rms_eps, h);
+    be.gemm(h, *w.w_gate_up, nullptr, ffn, false);
+    be.silu_mul(ffn, act);
+    be.gemm(act, *w.w_down, nullptr, x, /*accumulate=*/true);
+  }
+
+  const auto& rows = batch.logit_rows();
+  const int64_t n_out = static_cast<int64_t>(rows.size());
+  logits->assign(static_cast<size_t>(n_out) * c.n_vocab, 0.0f);
+  if (n_out == 0) return;
+  Buffer sel_buf, norm_buf, out_buf;
+  Tensor sel = be.alloc_tensor(n_out, c.dim, DType::kF32, &sel_buf);
+  Tensor normed = be.alloc_tensor(n_out, c.dim, DType::kF32, &norm_buf);
+  Tensor out = be.alloc_tensor(n_out, c.n_vocab, DType::kF32, &out_buf);
+  be.gather_rows(x, rows.data(), n_out, sel);
+  be.rms_norm(sel, *out_norm_, c.rms_eps, normed);
+  be.gemm(normed, *lm_head_, nullptr, out, false);
+  be.download_f32(out, logits->data());
+}
+
+}  // namespace baton

@@ -1,0 +1,40 @@
+// Token sampling from logits: greedy, temperature, top-k, top-p, seeded (same seed, same
+// logits → same tokens on every run and machine).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+
+namespace baton {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax); > 0: softmax(logits / temperature)
+  int top_k = 0;             // keep the k most likely tokens (0: all)
+  float top_p = 1.0f;        // keep the smallest set whose probability reaches top_p, in (0, 1]
+  uint64_t seed = 0;         // random stream seed
+};
+
+// INVALID_ARGUMENT naming the field when a value is out of range.
+Status validate_sampling(const SamplingParams& params);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+  int32_t sample(std::span<const float> logits);
+
+ private:
+  double uniform();  // in [0, 1), from 53 random bits (portable, unlike std distributions)
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+// Index of the largest logit; the lowest index wins ties.
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace baton

@@ -1,0 +1,29 @@
+// A small random Llama-family model written as GGUF (F32), with a byte-level BPE vocabulary of
+// its own: fast, self-contained input for unit and integration tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/gguf_writer.h"
+
+namespace baton {
+
+struct TestModelSpec {
+  std::string arch = "llama";  // llama (adjacent-pair RoPE) or qwen2 (NeoX RoPE, q/k/v bias)
+  uint64_t seed = 1;
+  int n_layers = 2;
+  int dim = 64;
+  int n_heads = 4;
+  int n_kv_heads = 2;
+  int ffn_dim = 128;
+  int n_ctx = 1024;
+  bool tied_output = true;
+  float rope_theta = 10000.0f;
+};
+
+// INVALID_ARGUMENT when the spec is inconsistent (dims not divisible, non-positive sizes).
+Status validate_test_model_spec(const TestModelSpec& spec);
+GgufWriter make_test_model(const TestModelSpec& spec);
+
+}  // namespace baton

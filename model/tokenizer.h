@@ -1,0 +1,149 @@
+// Byte-level BPE tokenizer (GPT-2 family: SmolLM2, Llama 3, Qwen2) and a UTF-8-safe streaming
+// detokeniser.
+//
+// Truth is Hugging Face `tokenizers` on the same vocabulary: encode() must give the ids HF's
+// `encode(text, add_special_tokens=False)` gives. The pipeline is HF's:
+//   1. control / user-defined token texts found in the text become their single id (leftmost,
+//      longest first), when parse_special is set;
+//   2. each stretch of text between them is pre-tokenized: split into pieces by the regex of
+//      `tokenizer.ggml.pre` (SmolLM2 first isolates every \p{N} character);
+//   3. each piece is BPE-merged over its bytes, lowest merge rank first, leftmost on ties.
+// Tokens are kept as the raw bytes they stand for (the GPT-2 bytes_to_unicode spelling is undone
+// at load), so BPE runs on bytes and decode() is a concatenation.
+//
+// Thread-safety: a Tokenizer is immutable after construction; encode() and decode() may run
+// concurrently. A StreamDecoder belongs to one sequence.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace baton {
+
+class GgufFile;
+
+// llama.cpp's token types, as stored in `tokenizer.ggml.token_type`.
+enum class TokenType : int32_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,      // special (<|im_start|>): matched whole in text, ends turns, never merged
+  kUserDefined = 4,  // added, not special (<think>): matched whole in text
+  kUnused = 5,
+  kByte = 6,
+};
+
+// Everything a Tokenizer is built from; from_gguf and from_hf_json fill it, tests build it by hand.
+struct TokenizerVocab {
+  // Token texts in the GPT-2 byte-level spelling ("Ġthe" for " the"), as tokenizer.json and GGUF
+  // store them. A text using any character outside that alphabet (an added token such as
+  // "<|reserved special token 0|>") stands for its own UTF-8 bytes, as in HF's GGUF import.
+  std::vector<std::string> tokens;
+  std::vector<TokenType> types;  // empty (all normal) or one per token
+  // Merge rules in rank order (index = rank), each a pair of token texts in the same spelling.
+  std::vector<std::pair<std::string, std::string>> merges;
+  int32_t bos_id = -1;   // -1: none
+  int32_t eos_id = -1;   // -1: none
+  bool add_bos = false;  // whether callers should prepend bos_id to a prompt
+  // Pre-tokenizer, by `tokenizer.ggml.pre` name: "gpt-2"/"default", "smollm", "llama3"/"llama-bpe",
+  // "qwen2".
+  std::string pre = "gpt-2";
+  // HF's BPE `ignore_merges` (Llama 3): a piece that is itself a token is emitted whole.
+  bool ignore_merges = false;
+};
+
+class PreTokenizerRegex;  // PCRE2 state, defined in tokenizer.cpp
+
+class Tokenizer {
+ public:
+  // Validates the vocabulary: INVALID_ARGUMENT for a merge naming a missing token or a bad bos/eos
+  // id; UNIMPLEMENTED for an unknown pre-tokenizer. A byte with no single-byte token is legal (HF
+  // drops it when encoding, and so does encode()).
+  static Result<std::unique_ptr<Tokenizer>> from_vocab(TokenizerVocab vocab);
+  // From GGUF metadata (`tokenizer.ggml.*`). Only `tokenizer.ggml.model` == "gpt2" is supported.
+  static Result<std::unique_ptr<Tokenizer>> from_gguf(const GgufFile& file);
+  // From a Hugging Face tokenizer.json (byte-level BPE); bos/eos/add_bos come from a
+  // tokenizer_config.json next to it when there is one.
+  static Result<std::unique_ptr<Tokenizer>> from_hf_json(const std::string& path);
+
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // UTF-8 text -> ids. INVALID_ARGUMENT naming the byte offset for invalid UTF-8. Never adds BOS
+  // (add_bos() tells the caller whether to).
+  Result<std::vector<int32_t>> encode(std::string_view text, bool parse_special = true) const;
+  // The raw bytes token `id` stands for; empty for an id outside [0, n_vocab).
+  const std::string& token_bytes(int32_t id) const;
+  // Concatenated token bytes; may end inside a UTF-8 character (StreamDecoder handles streaming).
+  std::string decode(std::span<const int32_t> ids) const;
+
+  int32_t n_vocab() const { return static_cast<int32_t>(bytes_.size()); }
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool is_control(int32_t id) const;
+  // Ids that end a generation: eos plus whichever end-of-turn tokens the vocabulary has
+  // (<|im_end|>, <|eot_id|>, <|end_of_text|>, <|endoftext|>).
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  // The id of the token standing for exactly these bytes ("<|im_end|>", " the").
+  std::optional<int32_t> find_token(std::string_view text) const;
+
+ private:
+  Tokenizer();
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // the merged token
+  };
+  // Hashes std::string and std::string_view alike, so lookups by view do not allocate.
+  struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  struct BpeScratch;
+  Status encode_text(std::string_view text, BpeScratch& scratch, std::vector<int32_t>& ids) const;
+  void encode_piece(std::string_view piece, BpeScratch& scratch, std::vector<int32_t>& ids) const;
+  const Merge* find_merge(int32_t left, int32_t right) const;
+
+  std::vector<std::string> bytes_;  // id -> raw bytes
+  std::vector<TokenType> types_;    // id -> type
+  // raw bytes -> id (the last id on duplicates, like HF's vocabulary map)
+  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> ids_;
+  std::array<int32_t, 256> byte_ids_{};         // byte -> its single-byte token, or -1
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> merge
+  // Control and user-defined tokens by first byte, longest first: the candidates at a position.
+  std::array<std::vector<int32_t>, 256> specials_by_byte_;
+  std::unique_ptr<PreTokenizerRegex> pre_;
+  std::vector<int32_t> stop_ids_;
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  bool add_bos_ = false;
+  bool ignore_merges_ = false;
+};
+
+// Incremental detokenisation for streaming. push() returns only complete UTF-8 characters: bytes of
+// a character split across tokens are held until it completes. Bytes that can never form a valid
+// character come out as U+FFFD at once; flush() returns what is held, an incomplete trailing
+// character becoming one U+FFFD.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::string pending_;  // an incomplete UTF-8 character (at most 3 bytes)
+};
+
+}  // namespace baton

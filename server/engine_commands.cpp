@@ -1,0 +1,256 @@
+#include "server/engine_commands.h"
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/npy.h"
+#include "kernels/backend.h"
+#include "model/chat_template.h"
+#include "model/generator.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/test_model.h"
+#include "model/tokenizer.h"
+
+namespace baton {
+namespace {
+
+// Bad input from the command line (prompt, flags) exits 2.
+int fail(const Status& s) {
+  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
+
+// A model file that cannot be used (missing, truncated, corrupt, unsupported) exits 1.
+int fail_model(const Status& s) {
+  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
+  return kExitFailure;
+}
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      return invalid_argument("--prompt-ids: '" + item + "' is not a token id (expected e.g. 1,2,3)");
+    }
+  }
+  return ids;
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  return out;
+}
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string chat;
+  std::string prompt_ids;
+  std::string chat_template;
+  std::string system;
+  int max_tokens = 256;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  int prefill_chunk = 0;
+  bool print_ids = false;
+  bool ignore_eos = false;
+  std::string logits_out;
+  std::string logits_all_out;
+  int threads = 0;
+  std::string dtype = "bf16";
+  std::string kv_dtype = "f32";
+  int block_size = 16;
+};
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::kF32;
+  if (s == "f16") return DType::kF16;
+  return DType::kBF16;
+}
+
+int run_generate(const GenerateArgs& a) {
+  auto file = GgufFile::open(a.model);
+  if (!file.ok()) return fail_model(file.status());
+  auto tokenizer = Tokenizer::from_gguf(**file);
+  if (!tokenizer.ok()) return fail_model(tokenizer.status());
+  const Tokenizer& tok = **tokenizer;
+
+  std::vector<int32_t> prompt;
+  if (!a.prompt_ids.empty()) {
+    auto ids = parse_ids(a.prompt_ids);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+  } else {
+    std::string text = a.prompt;
+    if (!a.chat.empty()) {
+      Result<ChatTemplate> tmpl = chat_template_from_gguf(**file);
+      if (!a.chat_template.empty()) {
+        auto kind = chat_template_from_name(a.chat_template);
+        if (!kind.ok()) return fail(kind.status());
+        tmpl = ChatTemplate::for_kind(*kind);
+      }
+      if (!tmpl.ok()) return fail(tmpl.status());
+      std::vector<ChatMessage> messages;
+      if (!a.system.empty()) messages.push_back({"system", a.system});
+      messages.push_back({"user", a.chat});
+      text = tmpl->render(messages, /*add_generation_prompt=*/true);
+    }
+    if (text.empty()) return fail(invalid_argument("the prompt is empty: pass a non-empty --prompt or --chat"));
+    auto ids = tok.encode(text, /*parse_special=*/!a.chat.empty());
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+    if (tok.add_bos()) prompt.insert(prompt.begin(), tok.bos_id());
+  }
+
+  BackendOptions bo;
+  bo.dtype = parse_dtype(a.dtype);
+  bo.n_threads = a.threads;
+  std::string error;
+  auto backend = make_backend(bo, &error);
+  if (!backend) return fail(invalid_argument(error));
+  auto model = Model::load(**file, *backend);
+  if (!model.ok()) return fail_model(model.status());
+
+  GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  go.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  go.prefill_chunk = a.prefill_chunk;
+  go.ignore_eos = a.ignore_eos;
+  go.stop_ids = tok.stop_ids();
+  go.block_size = a.block_size;
+  go.kv_dtype = parse_dtype(a.kv_dtype);
+  go.all_prompt_logits = !a.logits_all_out.empty();
+
+  StreamDecoder decoder(tok);
+  auto on_token = [&](int32_t id) {
+    if (!a.print_ids && !tok.is_control(id)) {
+      std::string piece = decoder.push(id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  Generator gen(**model);
+  auto res = gen.generate(prompt, go, on_token);
+  if (!res.ok()) return fail(res.status());
+  if (a.print_ids) {
+    std::printf("%s\n", join_ids(res->tokens).c_str());
+  } else {
+    std::string rest = decoder.flush();
+    std::printf("%s\n", rest.c_str());
+  }
+  const int n_vocab = (*model)->config().n_vocab;
+  if (!a.logits_out.empty()) {
+    if (Status s = write_npy_f32(a.logits_out, res->last_logits, {n_vocab}); !s.ok()) return fail(s);
+  }
+  if (!a.logits_all_out.empty()) {
+    if (Status s = write_npy_f32(a.logits_all_out, res->prompt_logits, {res->n_prompt, n_vocab}); !s.ok()) return fail(s);
+  }
+  const int n_gen = static_cast<int>(res->tokens.size());
+  std::fprintf(stderr,
+               "baton: %s, %s | prompt %d tokens, prefill %.1f ms (%.1f tok/s), decode %d tokens in %.1f ms (%.1f tok/s), "
+               "finish %s\n",
+               (*model)->config().name.c_str(), backend->name().c_str(), res->n_prompt, res->prefill_seconds * 1e3,
+               res->n_prompt / std::max(res->prefill_seconds, 1e-9), n_gen, res->decode_seconds * 1e3,
+               n_gen > 1 ? (n_gen - 1) / std::max(res->decode_seconds, 1e-9) : 0.0, res->finish_reason.c_str());
+  return 0;
+}
+
+int run_tokenize(const std::string& model, const std::string& text, bool no_special) {
+  auto file = GgufFile::open(model);
+  if (!file.ok()) return fail_model(file.status());
+  auto tokenizer = Tokenizer::from_gguf(**file);
+  if (!tokenizer.ok()) return fail_model(tokenizer.status());
+  auto ids = (*tokenizer)->encode(text, !no_special);
+  if (!ids.ok()) return fail(ids.status());
+  std::printf("%s\n", join_ids(*ids).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_engine_commands(CLI::App& app, std::function<int()>* run) {
+  auto gen = std::make_shared<GenerateArgs>();
+  CLI::App* g = app.add_subcommand("generate", "Generate text in one process (no serving)");
+  g->add_option("--model", gen->model, "GGUF model file")->required();
+  auto* prompt = g->add_option("--prompt", gen->prompt, "Raw prompt text");
+  auto* chat = g->add_option("--chat", gen->chat, "A user message, rendered with the model's chat template");
+  auto* ids = g->add_option("--prompt-ids", gen->prompt_ids, "Prompt as token ids, comma-separated");
+  prompt->excludes(chat)->excludes(ids);
+  chat->excludes(ids);
+  g->add_option("--system", gen->system, "System message for --chat");
+  g->add_option("--chat-template", gen->chat_template, "chatml | llama3 (default: from the model file)");
+  g->add_option("--max-tokens", gen->max_tokens, "Tokens to generate (0: prefill only)")->check(CLI::NonNegativeNumber);
+  g->add_option("--temperature", gen->temperature, "0 = greedy");
+  g->add_option("--top-k", gen->top_k, "Keep the k most likely tokens (0: all)");
+  g->add_option("--top-p", gen->top_p, "Nucleus sampling mass in (0, 1]");
+  g->add_option("--seed", gen->seed, "Sampling seed");
+  g->add_option("--prefill-chunk", gen->prefill_chunk, "Prompt tokens per prefill step (0: whole prompt)")
+      ->check(CLI::NonNegativeNumber);
+  g->add_flag("--print-ids", gen->print_ids, "Print generated token ids instead of text");
+  g->add_flag("--ignore-eos", gen->ignore_eos, "Do not stop at EOS / end-of-turn tokens");
+  g->add_option("--logits-out", gen->logits_out, "Write the last prompt position's logits (.npy, float32)");
+  g->add_option("--logits-all-out", gen->logits_all_out, "Write every prompt position's logits (.npy, [T, vocab])");
+  g->add_option("--threads", gen->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  g->add_option("--dtype", gen->dtype, "GEMM compute type: bf16 (default where supported) or f32 (exact)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  g->add_option("--block-size", gen->block_size, "KV block size in tokens")->check(CLI::Range(1, 4096));
+  g->callback([gen, run, g] {
+    if (g->count("--prompt") + g->count("--chat") + g->count("--prompt-ids") == 0) {
+      throw CLI::ValidationError("generate", "give one of --prompt, --chat or --prompt-ids");
+    }
+    *run = [gen] { return run_generate(*gen); };
+  });
+
+  auto tk_model = std::make_shared<std::string>();
+  auto tk_text = std::make_shared<std::string>();
+  auto tk_no_special = std::make_shared<bool>(false);
+  CLI::App* t = app.add_subcommand("tokenize", "Print the token ids of TEXT, comma-separated");
+  t->add_option("--model", *tk_model, "GGUF model file")->required();
+  t->add_option("text", *tk_text, "Text to tokenize")->required();
+  t->add_flag("--no-special", *tk_no_special, "Treat special-token text as plain text");
+  t->callback([=] { *run = [=] { return run_tokenize(*tk_model, *tk_text, *tk_no_special); }; });
+
+  CLI::App* tools = app.add_subcommand("tools", "Developer tools");
+  tools->require_subcommand(1);
+  auto spec = std::make_shared<TestModelSpec>();
+  auto out = std::make_shared<std::string>();
+  CLI::App* mk = tools->add_subcommand("make-test-model", "Write a small random Llama GGUF (F32) for tests");
+  mk->add_option("--out", *out, "Output path")->required();
+  mk->add_option("--seed", spec->seed, "Random seed");
+  mk->add_option("--arch", spec->arch, "llama or qwen2");
+  mk->add_option("--layers", spec->n_layers, "Decoder layers");
+  mk->add_option("--dim", spec->dim, "Embedding width");
+  mk->add_option("--heads", spec->n_heads, "Attention heads");
+  mk->add_option("--kv-heads", spec->n_kv_heads, "KV heads (GQA)");
+  mk->add_option("--ffn", spec->ffn_dim, "Feed-forward width");
+  mk->add_option("--ctx", spec->n_ctx, "Context length");
+  mk->add_option("--rope-theta", spec->rope_theta, "RoPE base");
+  auto untied = std::make_shared<bool>(false);
+  mk->add_flag("--untied", *untied, "Separate output.weight instead of a tied LM head");
+  mk->callback([=] {
+    *run = [=] {
+      spec->tied_output = !*untied;
+      if (Status s = validate_test_model_spec(*spec); !s.ok()) return fail(s);
+      if (Status s = make_test_model(*spec).write(*out); !s.ok()) return fail(s);
+      return 0;
+    };
+  });
+}
+
+}  // namespace baton
