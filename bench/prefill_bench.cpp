@@ -49,7 +49,7 @@ double gemm_alone_gflops(Backend& be, const ModelConfig& c, int64_t t, int reps)
     Buffer xb, yb;
     Tensor x = be.alloc_tensor(t, s[1], DType::kF32, &xb), y = be.alloc_tensor(t, s[0], DType::kF32, &yb);
     for (int64_t i = 0; i < t * s[1]; ++i) x.f32()[i] = nd(rng);
-    secs += time_median(reps, [&] { be.gemm(x, *m, nullptr, y, false); });
+    secs += time_median(3 * reps, [&] { be.gemm(x, *m, nullptr, y, false); });
     flops += 2.0 * t * s[0] * s[1];
   }
   return flops / secs / 1e9;
@@ -59,14 +59,20 @@ double gemm_alone_gflops(Backend& be, const ModelConfig& c, int64_t t, int reps)
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf [T ...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.gguf [--dtype bf16|f32] [T ...]\n", argv[0]);
     return 2;
   }
-  std::vector<int64_t> lengths = {128, 512, 2048};
-  if (argc > 2) {
-    lengths.clear();
-    for (int i = 2; i < argc; ++i) lengths.push_back(std::stoll(argv[i]));
+  std::vector<int64_t> lengths;
+  std::vector<DType> dtypes = {DType::kBF16, DType::kF32};
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--dtype" && i + 1 < argc) {
+      dtypes = {std::string(argv[++i]) == "f32" ? DType::kF32 : DType::kBF16};
+    } else {
+      lengths.push_back(std::stoll(arg));
+    }
   }
+  if (lengths.empty()) lengths = {128, 512, 2048};
   auto file = GgufFile::open(argv[1]);
   if (!file.ok()) {
     std::fprintf(stderr, "baton: error: %s\n", file.status().message().c_str());
@@ -74,7 +80,7 @@ int main(int argc, char** argv) {
   }
   std::printf("| dtype | prompt tokens | prefill ms | prefill tok/s | achieved GFLOP/s | GEMM alone GFLOP/s | ratio |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
+  for (DType dtype : dtypes) {
     std::string err;
     auto be = make_backend({"cpu", dtype, 0}, &err);
     if (!be) {
@@ -100,7 +106,7 @@ int main(int argc, char** argv) {
       StepBatch batch;
       batch.add(prompt, 0, table, Logits::kLast);
       std::vector<float> logits;
-      const int reps = t >= 2048 ? 3 : 5;
+      const int reps = t >= 2048 ? 3 : 7;
       const double secs = time_median(reps, [&] { (*model)->forward(batch, *cache, &logits); });
       const double flops = 2.0 * t * layer_params * c.n_layers +
                            4.0 * c.head_dim * c.n_heads * (double(t) * (t + 1) / 2) * c.n_layers +

@@ -1,7 +1,12 @@
 #include "model/model.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "model/dequant.h"
 
@@ -23,6 +28,44 @@ Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& nam
                             (is_vector ? "" : ", " + std::to_string(rows)) + "] (ggml order)");
   }
   return dequantize_tensor(f, *t);
+}
+
+// BATON_PROFILE=1: per-op wall time of every forward, summed and printed at exit (stderr). The
+// backend is synchronised around each op, so this is for finding where time goes, not for speed.
+class OpProfile {
+ public:
+  static OpProfile& get() {
+    static OpProfile p;
+    return p;
+  }
+  bool enabled() const { return enabled_; }
+  void add(const char* op, double seconds) { totals_[op] += seconds; }
+  ~OpProfile() {
+    if (!enabled_) return;
+    double all = 0;
+    for (const auto& [op, t] : totals_) all += t;
+    for (const auto& [op, t] : totals_) std::fprintf(stderr, "baton profile: %-10s %9.1f ms %5.1f %%\n", op.c_str(), t * 1e3, 100 * t / all);
+  }
+
+ private:
+  OpProfile() : enabled_(std::getenv("BATON_PROFILE") != nullptr) {}
+  bool enabled_;
+  std::map<std::string, double> totals_;
+};
+
+// Runs `fn` and, when profiling, charges its time to `op`.
+template <typename F>
+void timed(Backend& be, const char* op, F&& fn) {
+  OpProfile& prof = OpProfile::get();
+  if (!prof.enabled()) {
+    fn();
+    return;
+  }
+  be.synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  be.synchronize();
+  prof.add(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace
@@ -128,19 +171,20 @@ void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* 
   const Tensor q = qkv.col_slice(0, q_dim), k = qkv.col_slice(q_dim, kv_dim), v = qkv.col_slice(q_dim + kv_dim, kv_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
-  be.embed(*tok_embd_, batch.tokens().data(), n, x);
+  timed(be, "embed", [&] { be.embed(*tok_embd_, batch.tokens().data(), n, x); });
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    be.rms_norm(x, *w.attn_norm, c.rms_eps, h);
-    be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false);
-    be.rope(q, k, view.positions, c.head_dim, c.rope);
-    be.kv_write(cache, l, k, v, view);
-    be.attention(q, cache, l, view, c.n_heads, scale, att);
-    be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true);  // residual: x += attn · Woᵀ
-    be.rms_norm(x, *w.ffn_norm, c.rms_eps, h);
-    be.gemm(h, *w.w_gate_up, nullptr, ffn, false);
-    be.silu_mul(ffn, act);
-    be.gemm(act, *w.w_down, nullptr, x, /*accumulate=*/true);
+    timed(be, "rms_norm", [&] { be.rms_norm(x, *w.attn_norm, c.rms_eps, h); });
+    timed(be, "gemm_qkv", [&] { be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false); });
+    timed(be, "rope", [&] { be.rope(q, k, view.positions, c.head_dim, c.rope); });
+    timed(be, "kv_write", [&] { be.kv_write(cache, l, k, v, view); });
+    timed(be, "attention", [&] { be.attention(q, cache, l, view, c.n_heads, scale, att); });
+    // Residual adds are fused into the projections: x += attn · Woᵀ, x += act · W_downᵀ.
+    timed(be, "gemm_o", [&] { be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true); });
+    timed(be, "rms_norm", [&] { be.rms_norm(x, *w.ffn_norm, c.rms_eps, h); });
+    timed(be, "gemm_up", [&] { be.gemm(h, *w.w_gate_up, nullptr, ffn, false); });
+    timed(be, "silu_mul", [&] { be.silu_mul(ffn, act); });
+    timed(be, "gemm_down", [&] { be.gemm(act, *w.w_down, nullptr, x, /*accumulate=*/true); });
   }
 
   const auto& rows = batch.logit_rows();
@@ -151,10 +195,12 @@ void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* 
   Tensor sel = be.alloc_tensor(n_out, c.dim, DType::kF32, &sel_buf);
   Tensor normed = be.alloc_tensor(n_out, c.dim, DType::kF32, &norm_buf);
   Tensor out = be.alloc_tensor(n_out, c.n_vocab, DType::kF32, &out_buf);
-  be.gather_rows(x, rows.data(), n_out, sel);
-  be.rms_norm(sel, *out_norm_, c.rms_eps, normed);
-  be.gemm(normed, *lm_head_, nullptr, out, false);
-  be.download_f32(out, logits->data());
+  timed(be, "lm_head", [&] {
+    be.gather_rows(x, rows.data(), n_out, sel);
+    be.rms_norm(sel, *out_norm_, c.rms_eps, normed);
+    be.gemm(normed, *lm_head_, nullptr, out, false);
+    be.download_f32(out, logits->data());
+  });
 }
 
 }  // namespace baton

@@ -14,7 +14,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/half.h"
+#include "kernels/cpu/attention_common.h"
 
 namespace baton::cpu {
 namespace {
@@ -22,52 +22,9 @@ namespace {
 constexpr int kKeyTile = 64;     // keys per tile: 4 AVX-512 vectors of scores per row
 constexpr int kQueryRows = 128;  // query rows (positions × heads in the group) per item
 constexpr int kMaxHeadDim = 256;
-
-// 2^x for x <= 0 (scores after max subtraction), vectorisable; 0 below 2^-126.
-inline float exp2_neg(float x) {
-  const float xc = std::max(x, -126.0f);
-  const float xi = std::floor(xc);
-  const float f = xc - xi;
-  float p = 1.5403530e-4f;
-  p = p * f + 1.3333558e-3f;
-  p = p * f + 9.6181291e-3f;
-  p = p * f + 5.5504109e-2f;
-  p = p * f + 2.4022651e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(xi) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x < -126.0f ? 0.0f : p * scale;
-}
-
-inline float load_elem(const void* base, size_t i, DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return bf16_to_fp32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return fp16_to_fp32(static_cast<const uint16_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-inline void store_row(void* base, size_t i0, const float* src, int n, DType dtype) {
-  switch (dtype) {
-    case DType::kF32: std::memcpy(static_cast<float*>(base) + i0, src, n * sizeof(float)); return;
-    case DType::kBF16:
-      for (int j = 0; j < n; ++j) static_cast<uint16_t*>(base)[i0 + j] = fp32_to_bf16(src[j]);
-      return;
-    case DType::kF16:
-      for (int j = 0; j < n; ++j) static_cast<uint16_t*>(base)[i0 + j] = fp32_to_fp16(src[j]);
-      return;
-  }
-}
-
-// Element offset of (position, kv head) in a layer's K or V pool.
-inline size_t kv_offset_of(const KvLayerView& kv, const SeqView& s, int32_t pos, int g) {
-  const int32_t blk = s.block_table[pos / kv.block_size];
-  const int32_t slot = pos % kv.block_size;
-  return ((static_cast<size_t>(blk) * kv.block_size + slot) * kv.n_kv_heads + g) * kv.head_dim;
-}
+// Sequences with at least this many new tokens use the tile-matmul path: below it the per-tile
+// matmul overhead outweighs the matrix units (decode steps and short chunks stay direct).
+constexpr int kTiledMinTokens = 16;
 
 struct WorkItem {
   int seq;
@@ -137,18 +94,9 @@ void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, cons
       // Keys past this row's position (and padding past kn) are masked out.
       const int32_t limit =
           crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
-      for (int j = limit; j < kKeyTile; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-      float mx = sc.m[r];
-      for (int j = 0; j < limit; ++j) mx = std::max(mx, sr[j]);
-      const float alpha = exp2_neg(sc.m[r] - mx);
-      sc.m[r] = mx;
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < kKeyTile; ++j) {
-        sr[j] = exp2_neg(sr[j] - mx);
-        sum += sr[j];
-      }
-      sc.l[r] = sc.l[r] * alpha + sum;
+      const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &sc.m[r]);
+      sc.l[r] = sc.l[r] * st.alpha + st.sum;
+      const float alpha = st.alpha;
       float* orow = O + static_cast<size_t>(r) * hd;
 #pragma omp simd
       for (int d = 0; d < hd; ++d) orow[d] *= alpha;
@@ -193,8 +141,8 @@ void kv_write(const KvLayerView& kv, const Tensor& k, const Tensor& v, const Bat
   }
 }
 
-void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, int n_head, float scale,
-               const Tensor& out) {
+void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, int n_head, float scale, DType compute,
+               AttentionScratch& scratch, const Tensor& out) {
   const int hd = kv.head_dim;
   BATON_CHECK(hd <= kMaxHeadDim && n_head % kv.n_kv_heads == 0, "head_dim %d, %d heads over %d kv heads", hd, n_head,
               kv.n_kv_heads);
@@ -203,10 +151,15 @@ void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, i
   const int tile = std::max(1, kQueryRows / group);
 
   std::vector<WorkItem> items;
+  std::vector<int> tiled;
   for (int si = 0; si < static_cast<int>(batch.seqs.size()); ++si) {
     const SeqView& s = batch.seqs[si];
     BATON_CHECK((s.kv_offset + s.n_new + kv.block_size - 1) / kv.block_size <= s.n_blocks,
                 "sequence needs %d positions but has %d blocks", s.kv_offset + s.n_new, s.n_blocks);
+    if (s.n_new >= kTiledMinTokens) {
+      tiled.push_back(si);
+      continue;
+    }
     for (int q0 = 0; q0 < s.n_new; q0 += tile) {
       const int n_q = std::min(tile, s.n_new - q0);
       for (int g = 0; g < kv.n_kv_heads; ++g) {
@@ -217,6 +170,8 @@ void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, i
   // Largest first, so dynamic scheduling ends with small items and the threads finish together.
   std::sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
+  attention_tiled(q, kv, batch, tiled, n_head, scale, compute, scratch, out);
+  if (items.empty()) return;
   const float scale_log2 = scale * static_cast<float>(M_LOG2E);
 #pragma omp parallel
   {

@@ -1,6 +1,9 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
@@ -189,7 +192,7 @@ class CpuBackend final : public Backend {
   }
   void attention(const Tensor& q, const KvCache& cache, int layer, const BatchView& batch, int n_head, float scale,
                  const Tensor& out) override {
-    cpu::attention(q, static_cast<const CpuKvCache&>(cache).layer(layer), batch, n_head, scale, out);
+    cpu::attention(q, static_cast<const CpuKvCache&>(cache).layer(layer), batch, n_head, scale, dtype_, attention_scratch_, out);
   }
 
  private:
@@ -199,11 +202,27 @@ class CpuBackend final : public Backend {
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::vector<uint16_t> bf16_scratch_;
+  cpu::AttentionScratch attention_scratch_;
 };
 
 }  // namespace
 
 bool cpu_has_bf16() { return __builtin_cpu_supports("avx512bf16"); }
+
+namespace {
+
+// Flush denormals to zero (FTZ) and read them as zero (DAZ) on every OpenMP thread. An operation
+// that produces or consumes a denormal takes a microcode assist (~100 cycles); vectorised
+// kernels compute both sides of a select, so one such lane slows every element (measured: SiLU
+// went from 3.7 to 0.35 ns per element). Values below 1.2e-38 do not matter for inference.
+void flush_denormals_on_all_threads() {
+#if defined(__x86_64__)
+#pragma omp parallel
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+}
+
+}  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::string* error) {
   if (options.n_threads < 0) {
@@ -218,6 +237,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::st
   }
   // Without native bf16 the oneDNN bf16 path is emulated and slower than f32: use f32.
   if (dtype == DType::kBF16 && !cpu_has_bf16()) dtype = DType::kF32;
+  flush_denormals_on_all_threads();
   return std::make_unique<CpuBackend>(dtype);
 }
 

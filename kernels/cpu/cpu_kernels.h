@@ -3,6 +3,8 @@
 // as raw per-layer pointers.
 #pragma once
 
+#include <vector>
+
 #include "kernels/backend.h"
 
 namespace baton::cpu {
@@ -17,13 +19,25 @@ struct KvLayerView {
   int head_dim = 0;
 };
 
+// Buffers the attention kernels reuse across calls (grow-only), owned by the backend so that two
+// backends in one process never share them.
+struct AttentionScratch {
+  std::vector<float> k_f32, v_f32;
+  std::vector<uint16_t> k_bf16, v_bf16;
+};
+
 void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out);
 void embed(const float* table, int64_t dim, const int32_t* ids, int64_t n, const Tensor& out);
 void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim, const RopeConfig& rope);
 void silu_mul(const Tensor& gate_up, const Tensor& out);
 void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, const Tensor& out);
 void kv_write(const KvLayerView& kv, const Tensor& k, const Tensor& v, const BatchView& batch);
-void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, int n_head, float scale,
-               const Tensor& out);
+// Causal paged attention for every sequence of the batch. Sequences with many new tokens go
+// through attention_tiled (tile matmuls in `compute`), the rest through a direct f32 kernel.
+void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, int n_head, float scale, DType compute,
+               AttentionScratch& scratch, const Tensor& out);
+// The tile-matmul path for the sequences batch.seqs[seq_ids[i]] (kernels/cpu/attention_tiled.cpp).
+void attention_tiled(const Tensor& q, const KvLayerView& kv, const BatchView& batch, const std::vector<int>& seq_ids,
+                     int n_head, float scale, DType compute, AttentionScratch& scratch, const Tensor& out);
 
 }  // namespace baton::cpu

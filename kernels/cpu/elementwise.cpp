@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_math.h"
 
 namespace baton::cpu {
 
@@ -94,7 +95,7 @@ void silu_mul(const Tensor& gate_up, const Tensor& out) {
     const float* u = g + f;
     float* y = out.f32() + r * out.ld;
 #pragma omp simd
-    for (int64_t i = 0; i < f; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for (int64_t i = 0; i < f; ++i) y[i] = g[i] / (1.0f + exp_fast(-g[i])) * u[i];
   }
 }
 
