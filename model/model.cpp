@@ -84,6 +84,10 @@ Status Model::load_weights(const GgufFile& f) {
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   Backend& be = backend_;
 
+  // Llama 3.1-style long-context RoPE: per-pair frequency divisors stored as a tensor.
+  if (f.tensor("rope_freqs.weight") != nullptr) {
+    BATON_ASSIGN_OR_RETURN(config_.rope.freq_factors, load_tensor(f, "rope_freqs.weight", 1, c.rope.n_rot / 2));
+  }
   BATON_ASSIGN_OR_RETURN(std::vector<float> embd, load_tensor(f, "token_embd.weight", c.n_vocab, c.dim));
   tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
   if (c.tied_output) {

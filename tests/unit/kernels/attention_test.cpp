@@ -64,7 +64,11 @@ void run_case(std::mt19937& rng, int n_head, int n_kv, int hd, int block_size, D
   std::vector<std::vector<float>> ks(cases.size()), vs(cases.size());
   std::vector<std::vector<int32_t>> tables(cases.size());
   size_t next = 0;
-  auto round_kv = [&](float x) { return kv_dtype == DType::kBF16 ? bf16_to_fp32(fp32_to_bf16(x)) : x; };
+  auto round_kv = [&](float x) {
+    if (kv_dtype == DType::kBF16) return bf16_to_fp32(fp32_to_bf16(x));
+    if (kv_dtype == DType::kF16) return fp16_to_fp32(fp32_to_fp16(x));
+    return x;
+  };
   for (size_t i = 0; i < cases.size(); ++i) {
     const int len = cases[i].kv_offset + cases[i].n_new;
     for (int b = 0; b < (len + block_size - 1) / block_size; ++b) tables[i].push_back(ids[next++]);
@@ -160,9 +164,10 @@ TEST_CASE("attention handles single-token decode steps and long prefixes", "[att
   run_case(rng, 9, 3, 64, 16, DType::kF32, {{700, 1}, {0, 1}, {33, 1}, {129, 1}});
 }
 
-TEST_CASE("attention reads a bf16 KV cache", "[attention]") {
+TEST_CASE("attention reads bf16 and f16 KV caches", "[attention]") {
   std::mt19937 rng(std::random_device{}());
-  run_case(rng, 8, 2, 64, 16, DType::kBF16, {{50, 37}, {0, 90}});
+  run_case(rng, 8, 2, 64, 16, DType::kBF16, {{50, 37}, {0, 90}, {20, 1}});
+  run_case(rng, 8, 2, 64, 16, DType::kF16, {{50, 37}, {0, 90}, {20, 1}});
 }
 
 TEST_CASE("attention with bf16 compute stays within bf16 tolerance", "[attention]") {
