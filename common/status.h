@@ -18,6 +18,10 @@ enum class StatusCode {
   kResourceExhausted, // over a size or capacity bound
   kDataLoss,          // a file is truncated or corrupt
   kInternal,
+  kCancelled,           // the caller gave up (client cancellation)
+  kDeadlineExceeded,    // the request's deadline passed
+  kUnavailable,         // no healthy worker / a peer is down: retry later
+  kFailedPrecondition,  // the system is not in a state to do this (model mismatch, not admitted)
 };
 
 const char* status_code_name(StatusCode code);
@@ -44,6 +48,11 @@ inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::mov
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value of type T or a non-ok Status.
 template <typename T>

@@ -150,6 +150,13 @@ class Backend {
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, const Tensor& out) = 0;
   // Writes the step's k and v rows [T, n_kv*head_dim] into the paged cache at their positions.
   virtual void kv_write(KvCache& cache, int layer, const Tensor& k, const Tensor& v, const BatchView& batch) = 0;
+  // KV hand-off: copies positions [start, start + n) of one sequence (its block table) for
+  // `layer` out of / into the paged cache as host arrays [n, n_kv_heads, head_dim] in the cache
+  // dtype (K and V separately).
+  virtual void kv_export(const KvCache& cache, int layer, const int32_t* block_table, int32_t start, int32_t n,
+                         void* k_host, void* v_host) = 0;
+  virtual void kv_import(KvCache& cache, int layer, const int32_t* block_table, int32_t start, int32_t n,
+                         const void* k_host, const void* v_host) = 0;
   // Causal attention, chunk-aware and GQA: each sequence's queries at positions
   // [kv_offset, kv_offset + n_new) attend to cached keys [0, position]. q, out: [T, n_head*head_dim].
   // Never materialises a T×T matrix (online softmax over key tiles).

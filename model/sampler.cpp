@@ -25,6 +25,11 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+void Sampler::skip(int n) {
+  if (params_.temperature == 0.0f) return;
+  for (int i = 0; i < n; ++i) (void)uniform();
+}
+
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::sample(std::span<const float> logits) {

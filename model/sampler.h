@@ -25,6 +25,11 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   int32_t sample(std::span<const float> logits);
+  // Advances the random stream past `n` samples, as if sample() had been called n times (one
+  // draw each when temperature > 0, none when greedy). A decode worker continuing a request whose
+  // first token the prefill worker sampled calls skip(1), so disaggregated and single-process
+  // generation give the same text for a seed.
+  void skip(int n);
 
  private:
   double uniform();  // in [0, 1), from 53 random bits (portable, unlike std distributions)

@@ -16,6 +16,6 @@ for seed in 1 2 3; do
     --layers 1 --dim 32 --heads 2 --kv-heads 1 --ffn 32 --ctx 64
 done
 ./build/baton tools make-test-model --out "$out/corpus/qwen2.gguf" --arch qwen2 --layers 1 --dim 32 --heads 2 \
-  --kv-heads 2 --ffn 32 --ctx 64 --untied
+  --kv-heads 2 --ffn 32 --ctx 64 --tied
 "$out/gguf_fuzz" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$out/" "$out/corpus"

@@ -5,13 +5,15 @@
 set -euo pipefail
 
 apt_packages=(
-  build-essential cmake ninja-build ccache pkg-config clang
+  build-essential cmake ninja-build ccache pkg-config clang curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev prometheus-cpp-dev catch2 libdnnl-dev libpcre2-dev libcli11-dev nlohmann-json3-dev
+  prometheus
 )
 # Test-only Python packages, pinned: the independent references (numpy forward over the GGUF,
-# HF tokenizer built from the GGUF) and the runner.
-pip_packages=(pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 transformers==5.24.0)
+# HF tokenizer built from the GGUF), the Python gRPC client the serving tests use, and the runner.
+pip_packages=(pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 transformers==5.24.0
+  grpcio==1.85.3 grpcio-tools==1.85.1 protobuf==7.36.2)
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -25,7 +27,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-if ! python3 -c 'import pytest, numpy, gguf, tokenizers, transformers' 2>/dev/null; then
+if ! python3 -c 'import pytest, numpy, gguf, tokenizers, transformers, grpc, grpc_tools' 2>/dev/null; then
   echo "install-deps: pip install ${pip_packages[*]}" >&2
   python3 -m pip install --quiet "${pip_packages[@]}" >&2
 fi

@@ -241,11 +241,11 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   mk->add_option("--ffn", spec->ffn_dim, "Feed-forward width");
   mk->add_option("--ctx", spec->n_ctx, "Context length");
   mk->add_option("--rope-theta", spec->rope_theta, "RoPE base");
-  auto untied = std::make_shared<bool>(false);
-  mk->add_flag("--untied", *untied, "Separate output.weight instead of a tied LM head");
+  auto tied = std::make_shared<bool>(false);
+  mk->add_flag("--tied", *tied, "LM head tied to the embeddings instead of a separate output.weight");
   mk->callback([=] {
     *run = [=] {
-      spec->tied_output = !*untied;
+      spec->tied_output = *tied;
       if (Status s = validate_test_model_spec(*spec); !s.ok()) return fail(s);
       if (Status s = make_test_model(*spec).write(*out); !s.ok()) return fail(s);
       return 0;

@@ -5,12 +5,18 @@
 #include <functional>
 
 #include "server/engine_commands.h"
+#if BATON_WITH_SERVING
+#include "server/serve_commands.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"baton: disaggregated prefill/decode LLM serving", "baton"};
   app.require_subcommand(1);
   std::function<int()> run;
   baton::add_engine_commands(app, &run);
+#if BATON_WITH_SERVING
+  baton::add_serve_commands(app, &run, argc, argv);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -190,12 +190,42 @@ class CpuBackend final : public Backend {
   void kv_write(KvCache& cache, int layer, const Tensor& k, const Tensor& v, const BatchView& batch) override {
     cpu::kv_write(static_cast<CpuKvCache&>(cache).layer(layer), k, v, batch);
   }
+  void kv_export(const KvCache& cache, int layer, const int32_t* block_table, int32_t start, int32_t n, void* k_host,
+                 void* v_host) override {
+    kv_copy(static_cast<const CpuKvCache&>(cache).layer(layer), block_table, start, n, k_host, v_host, /*to_host=*/true);
+  }
+  void kv_import(KvCache& cache, int layer, const int32_t* block_table, int32_t start, int32_t n, const void* k_host,
+                 const void* v_host) override {
+    kv_copy(static_cast<CpuKvCache&>(cache).layer(layer), block_table, start, n, const_cast<void*>(k_host),
+            const_cast<void*>(v_host), /*to_host=*/false);
+  }
   void attention(const Tensor& q, const KvCache& cache, int layer, const BatchView& batch, int n_head, float scale,
                  const Tensor& out) override {
     cpu::attention(q, static_cast<const CpuKvCache&>(cache).layer(layer), batch, n_head, scale, dtype_, attention_scratch_, out);
   }
 
  private:
+  // One position's K (or V) row is contiguous in a block: [n_kv_heads, head_dim].
+  static void kv_copy(const cpu::KvLayerView& kv, const int32_t* block_table, int32_t start, int32_t n, void* k_host,
+                      void* v_host, bool to_host) {
+    const size_t row = static_cast<size_t>(kv.n_kv_heads) * kv.head_dim * dtype_size(kv.dtype);
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t pos = start + i;
+      const size_t off = (static_cast<size_t>(block_table[pos / kv.block_size]) * kv.block_size + pos % kv.block_size) * row;
+      char* kc = static_cast<char*>(kv.k) + off;
+      char* vc = static_cast<char*>(kv.v) + off;
+      char* kh = static_cast<char*>(k_host) + i * row;
+      char* vh = static_cast<char*>(v_host) + i * row;
+      if (to_host) {
+        std::memcpy(kh, kc, row);
+        std::memcpy(vh, vc, row);
+      } else {
+        std::memcpy(kc, kh, row);
+        std::memcpy(vc, vh, row);
+      }
+    }
+  }
+
   static const float* vec(const Matrix& m) { return dynamic_cast<const CpuVector&>(m).data.data(); }
 
   DType dtype_;

@@ -11,27 +11,13 @@
 #include "kv/block_pool.h"
 #include "model/generator.h"
 #include "model/test_model.h"
+#include "tests/unit/test_model_fixture.h"
 
 using namespace baton;
 
 namespace {
 
-struct Fixture {
-  explicit Fixture(const TestModelSpec& spec) {
-    std::string err;
-    backend = make_backend({"cpu", DType::kF32, 0}, &err);
-    REQUIRE(backend);
-    auto f = GgufFile::parse(make_test_model(spec).to_bytes());
-    REQUIRE(f.ok());
-    file = std::move(*f);
-    auto m = Model::load(*file, *backend);
-    REQUIRE(m.ok());
-    model = std::move(*m);
-  }
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Model> model;
-};
+using Fixture = testing::LoadedTestModel;
 
 std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
   std::vector<int32_t> p(n);

@@ -62,3 +62,20 @@ TEST_CASE("sampling parameters are validated by name", "[sampler]") {
   CHECK_THAT(validate_sampling({1.0f, 0, 0.0f, 0}).message(), Catch::Contains("top_p"));
   CHECK_THAT(validate_sampling({1.0f, 0, 1.5f, 0}).message(), Catch::Contains("top_p"));
 }
+
+TEST_CASE("skip continues the random stream where a previous sampler left it", "[sampler]") {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(50);
+  for (float& x : logits) x = nd(rng);
+  const SamplingParams p{0.9f, 0, 0.95f, rng()};
+  Sampler whole(p);
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 20; ++i) expected.push_back(whole.sample(logits));
+  Sampler first(p);
+  std::vector<int32_t> got = {first.sample(logits)};
+  Sampler rest(p);
+  rest.skip(1);
+  for (int i = 1; i < 20; ++i) got.push_back(rest.sample(logits));
+  CHECK(got == expected);
+}

@@ -1,0 +1,74 @@
+#include "common/metrics.h"
+
+#include <map>
+
+namespace baton {
+namespace {
+
+// Latency buckets from 1 ms to ~2 min (prefill of long prompts on CPU takes seconds).
+const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+const prometheus::Histogram::BucketBoundaries kTokenBuckets = {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+
+template <typename T>
+prometheus::Family<T>& family(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  if constexpr (std::is_same_v<T, prometheus::Histogram>) {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+  } else if constexpr (std::is_same_v<T, prometheus::Counter>) {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+  } else {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+  }
+}
+
+std::shared_ptr<prometheus::Registry> make_registry() { return std::make_shared<prometheus::Registry>(); }
+
+}  // namespace
+
+Metrics::Metrics() : Metrics(make_registry()) {}
+
+Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
+    : queue_seconds(family<prometheus::Histogram>(*r, "baton_request_queue_seconds",
+                                                  "Arrival at the frontend to the start of prefill compute")),
+      prefill_seconds(family<prometheus::Histogram>(*r, "baton_request_prefill_seconds", "Prefill compute of one request")),
+      kv_transfer_seconds(family<prometheus::Histogram>(*r, "baton_kv_transfer_seconds",
+                                                        "KV hand-off of one request, by destination decode worker")),
+      ttft_seconds(family<prometheus::Histogram>(*r, "baton_time_to_first_token_seconds",
+                                                 "Arrival to the first token written to the client stream")),
+      tpot_seconds(family<prometheus::Histogram>(*r, "baton_time_per_output_token_seconds",
+                                                 "Mean time between output tokens of one request, after the first")),
+      e2e_seconds(family<prometheus::Histogram>(*r, "baton_request_e2e_seconds", "Arrival to the final message")),
+      prefill_step_tokens(family<prometheus::Histogram>(*r, "baton_prefill_step_tokens", "Prompt tokens in one prefill step")),
+      requests_total(family<prometheus::Counter>(*r, "baton_requests_total", "Finished Generate requests by gRPC status code")),
+      prompt_tokens_total(family<prometheus::Counter>(*r, "baton_prompt_tokens_total", "Prompt tokens of admitted requests")),
+      generation_tokens_total(family<prometheus::Counter>(*r, "baton_generation_tokens_total", "Tokens generated")),
+      kv_transfer_errors_total(family<prometheus::Counter>(*r, "baton_kv_transfer_errors_total",
+                                                           "KV hand-offs that failed or were refused, by destination")),
+      queue_depth(family<prometheus::Gauge>(*r, "baton_queue_depth", "Requests waiting, per role and worker")),
+      running_sequences(family<prometheus::Gauge>(*r, "baton_running_sequences", "Requests in progress, per role and worker")),
+      kv_blocks_free(family<prometheus::Gauge>(*r, "baton_kv_blocks_free", "Free KV cache blocks, per worker")),
+      kv_blocks_total(family<prometheus::Gauge>(*r, "baton_kv_blocks_capacity", "All KV cache blocks, per worker (a gauge: _total is for counters)")),
+      registry_(std::move(r)) {}
+
+prometheus::Histogram& Metrics::histogram(prometheus::Family<prometheus::Histogram>& f, const prometheus::Labels& labels) {
+  return f.Add(labels, &f == &prefill_step_tokens ? kTokenBuckets : kSecondsBuckets);
+}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& listen,
+                                                            std::shared_ptr<prometheus::Registry> registry) {
+  auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kUnavailable, "cannot serve metrics on '" + listen + "': " + e.what());
+  }
+  server->exposer_->RegisterCollectable(registry);
+  return server;
+}
+
+int MetricsServer::port() const {
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+}  // namespace baton

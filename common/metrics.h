@@ -1,0 +1,69 @@
+// baton's Prometheus metrics (names, units and labels as in DESIGN.md) and the /metrics
+// endpoint. One Metrics object per registry: `baton local` shares one across its roles (one
+// /metrics), `baton serve` has one per process. Each role labels its samples with
+// role="frontend|prefill|decode" and worker="<listen address>".
+#pragma once
+
+#include <memory>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <string>
+
+#include "common/status.h"
+
+namespace baton {
+
+class Metrics {
+ public:
+  Metrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Histograms (seconds unless named otherwise).
+  prometheus::Family<prometheus::Histogram>& queue_seconds;         // arrival → prefill compute start
+  prometheus::Family<prometheus::Histogram>& prefill_seconds;       // prefill compute of one request
+  prometheus::Family<prometheus::Histogram>& kv_transfer_seconds;   // label destination="<decode worker>"
+  prometheus::Family<prometheus::Histogram>& ttft_seconds;          // arrival → first token to the client
+  prometheus::Family<prometheus::Histogram>& tpot_seconds;          // time per output token after the first
+  prometheus::Family<prometheus::Histogram>& e2e_seconds;           // arrival → final message
+  prometheus::Family<prometheus::Histogram>& prefill_step_tokens;   // tokens in one prefill step
+  // Counters.
+  prometheus::Family<prometheus::Counter>& requests_total;          // label code="OK|INVALID_ARGUMENT|..."
+  prometheus::Family<prometheus::Counter>& prompt_tokens_total;
+  prometheus::Family<prometheus::Counter>& generation_tokens_total;
+  prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // label destination
+  // Gauges.
+  prometheus::Family<prometheus::Gauge>& queue_depth;         // requests waiting (frontend: admitted, unplaced; prefill: queued)
+  prometheus::Family<prometheus::Gauge>& running_sequences;   // prefill: prompts in progress; decode: sequences generating
+  prometheus::Family<prometheus::Gauge>& kv_blocks_free;
+  prometheus::Family<prometheus::Gauge>& kv_blocks_total;
+
+  // Histogram of `family` for these labels, with the family's buckets.
+  prometheus::Histogram& histogram(prometheus::Family<prometheus::Histogram>& family, const prometheus::Labels& labels);
+
+  static prometheus::Labels role_labels(const std::string& role, const std::string& worker) {
+    return {{"role", role}, {"worker", worker}};
+  }
+
+ private:
+  explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
+  std::shared_ptr<prometheus::Registry> registry_;
+};
+
+// Serves /metrics of a registry over HTTP. INVALID_ARGUMENT / UNAVAILABLE when the address
+// cannot be bound.
+class MetricsServer {
+ public:
+  static Result<std::unique_ptr<MetricsServer>> start(const std::string& listen, std::shared_ptr<prometheus::Registry> registry);
+  // The bound port (useful with port 0).
+  int port() const;
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace baton

@@ -1,0 +1,223 @@
+#include "decode_worker/decode_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include "common/grpc_status.h"
+#include "kv/tcp/tcp_transport.h"
+#include "proto/convert.h"
+
+namespace baton {
+namespace {
+
+// ---- protobuf <-> engine types (the one place) ------------------------------------------------
+
+DecodeAdmit from_proto(const v1::AdmitRequest& r) {
+  DecodeAdmit a;
+  a.request_id = r.request_id();
+  a.n_prompt_tokens = r.n_prompt_tokens();
+  a.max_tokens = r.max_tokens();
+  a.sampling = sampling_from_proto(r.sampling());
+  a.ignore_eos = r.ignore_eos();
+  a.model_fingerprint = r.model_fingerprint();
+  // r.stop (stop strings) is not the engine's business: the frontend detokenises, matches stop
+  // text and cancels the Stream call.
+  return a;
+}
+
+v1::FinishReason to_proto_finish(const std::string& reason) {
+  if (reason == "stop") return v1::FINISH_REASON_STOP;
+  if (reason == "length") return v1::FINISH_REASON_LENGTH;
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// The final event of an abnormal end carries no finish reason: the call's status says why.
+v1::DecodeEvent to_proto(const DecodeOutput& o) {
+  v1::DecodeEvent e;
+  e.mutable_token_ids()->Add(o.token_ids.begin(), o.token_ids.end());
+  e.set_done(o.done);
+  if (o.done && o.status.ok()) e.set_finish_reason(to_proto_finish(o.finish_reason));
+  e.set_decode_queue_seconds(o.decode_queue_seconds);
+  e.set_kv_transfer_seconds(o.kv_transfer_seconds);
+  return e;
+}
+
+void to_proto(const DecodeLoad& l, const Model& model, bool draining, v1::LoadReport* r) {
+  const ModelConfig& c = model.config();
+  r->set_model_fingerprint(model.fingerprint());
+  r->set_free_blocks(l.free_blocks);
+  r->set_total_blocks(l.total_blocks);
+  r->set_block_size(l.block_size);
+  r->set_running(l.n_running);
+  r->set_draining(draining);
+  model_info_to_proto(c.name, c, model.fingerprint(), "", r->mutable_model());
+}
+
+// A gRPC deadline as a steady-clock time point; nullopt for "none" (gRPC's infinite future).
+std::optional<DecodeClock::time_point> steady_deadline(std::chrono::system_clock::time_point d) {
+  const auto sys_now = std::chrono::system_clock::now();
+  const auto left = d - sys_now;
+  if (left > std::chrono::hours(24 * 365)) return std::nullopt;
+  return DecodeClock::now() + std::chrono::duration_cast<DecodeClock::duration>(left);
+}
+
+// ---- Stream ---------------------------------------------------------------------------------
+
+// One Stream call: subscribes to the engine and writes its events in order, one write in flight
+// at a time. The engine's sink shares the Outbox, not the reactor, so an event that arrives after
+// the call ended finds `reactor` null instead of a deleted object. Finish is called exactly once,
+// by whoever takes `reactor` out of the Outbox; after that nothing touches the reactor but gRPC
+// (OnDone deletes it).
+class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
+ public:
+  StreamReactor(DecodeEngine& engine, grpc::CallbackServerContext* context, std::string request_id)
+      : engine_(engine), context_(context), request_id_(std::move(request_id)), outbox_(std::make_shared<Outbox>()) {
+    outbox_->reactor = this;
+    std::shared_ptr<Outbox> outbox = outbox_;
+    const Status st = engine_.attach(
+        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, steady_deadline(context_->deadline()));
+    if (!st.ok()) {
+      std::lock_guard lk(outbox_->mu);
+      outbox_->final = to_grpc(st);
+    }
+    pump(*outbox_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard lk(outbox_->mu);
+      outbox_->writing = false;
+      if (!ok) {  // the call is broken (cancelled): stop writing
+        outbox_->queue.clear();
+        if (!outbox_->final) outbox_->final = grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed");
+      }
+    }
+    pump(*outbox_);
+  }
+
+  void OnCancel() override {
+    const bool expired = context_->deadline() <= std::chrono::system_clock::now();
+    engine_.cancel(request_id_, expired ? deadline_exceeded("the Stream call's deadline passed")
+                                        : cancelled("the Stream call was cancelled"));
+    {
+      std::lock_guard lk(outbox_->mu);
+      outbox_->queue.clear();
+      if (!outbox_->final) outbox_->final = grpc::Status::CANCELLED;
+    }
+    pump(*outbox_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Outbox {
+    std::mutex mu;
+    StreamReactor* reactor = nullptr;   // null once Finish was called
+    std::deque<v1::DecodeEvent> queue;  // events not yet written
+    v1::DecodeEvent current;            // the event being written (stable until OnWriteDone)
+    bool writing = false;
+    std::optional<grpc::Status> final;  // how the call ends once the queue is written
+  };
+
+  // The engine's sink (engine thread): never blocks, only queues.
+  static void push(Outbox& box, const DecodeOutput& o) {
+    {
+      std::lock_guard lk(box.mu);
+      if (box.reactor == nullptr || box.final) return;
+      if (o.done && !o.status.ok()) {
+        // Tokens produced before the failure still go out; the status ends the call.
+        if (!o.token_ids.empty()) {
+          DecodeOutput partial = o;
+          partial.done = false;
+          box.queue.push_back(to_proto(partial));
+        }
+        box.final = to_grpc(o.status);
+      } else {
+        box.queue.push_back(to_proto(o));
+        if (o.done) box.final = grpc::Status::OK;
+      }
+    }
+    pump(box);
+  }
+
+  // Starts the next write, or finishes the call when everything is written and the end is known.
+  // The reactor calls happen outside the lock; the reactor is alive because Finish, the only
+  // thing that leads to OnDone, has not been called yet by anyone.
+  static void pump(Outbox& box) {
+    StreamReactor* r = nullptr;
+    bool write = false;
+    grpc::Status status;
+    {
+      std::lock_guard lk(box.mu);
+      if (box.reactor == nullptr || box.writing) return;
+      if (!box.queue.empty()) {
+        box.current = std::move(box.queue.front());
+        box.queue.pop_front();
+        box.writing = true;
+        write = true;
+        r = box.reactor;
+      } else if (box.final) {
+        r = box.reactor;
+        box.reactor = nullptr;
+        status = *box.final;
+      } else {
+        return;
+      }
+    }
+    if (write) {
+      r->StartWrite(&box.current);
+    } else {
+      r->Finish(status);
+    }
+  }
+
+  DecodeEngine& engine_;
+  grpc::CallbackServerContext* context_;
+  const std::string request_id_;
+  std::shared_ptr<Outbox> outbox_;
+};
+
+}  // namespace
+
+// ---- unary RPCs and the KV hand-off -----------------------------------------------------------
+
+grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* context, const v1::AdmitRequest* request,
+                                               v1::AdmitResponse* response) {
+  int64_t reserved = 0;
+  const Status st = engine_.admit(from_proto(*request), &reserved);
+  if (st.ok()) response->set_reserved_blocks(reserved);
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(to_grpc(st));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Stream(grpc::CallbackServerContext* context,
+                                                                 const v1::StreamRequest* request) {
+  return new StreamReactor(engine_, context, request->request_id());
+}
+
+grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,
+                                                 const v1::ReleaseRequest* request, v1::ReleaseResponse* response) {
+  engine_.release(request->request_id());
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::KvMessage>* DecodeService::TransferKv(grpc::CallbackServerContext* context,
+                                                                  v1::KvAck* response) {
+  return make_kv_receive_reactor(context, response, engine_);
+}
+
+grpc::ServerUnaryReactor* DecodeService::GetLoad(grpc::CallbackServerContext* context, const v1::LoadRequest* request,
+                                                 v1::LoadReport* response) {
+  to_proto(engine_.load(), model_, draining_, response);
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace baton

@@ -1,0 +1,50 @@
+// The decode worker's gRPC service (baton.v1.DecodeWorker, callback API) over a DecodeEngine.
+// This file and decode_service.cpp are the only decode-side code that sees protobuf: requests are
+// converted to engine types on the way in and engine events to DecodeEvent on the way out.
+//
+//   Admit       reserve KV blocks                    → DecodeEngine::admit
+//   Stream      one ServerWriteReactor per call       → DecodeEngine::attach; the call's deadline
+//               becomes the request's; cancelling it  → DecodeEngine::cancel
+//   Release     drop a reservation                    → DecodeEngine::release
+//   TransferKv  the prefill worker's KV hand-off      → kv/tcp's receive reactor into the engine
+//   GetLoad     free blocks, running sequences, model
+//
+// Wiring (server/): build the engine with DecodeEngine::create, start() it, register this
+// service, and on shutdown stop the gRPC server before the engine is destroyed (TransferKv calls
+// copy into the engine's cache).
+#pragma once
+
+#include <atomic>
+
+#include "baton/v1/worker.grpc.pb.h"
+#include "decode_worker/decode_engine.h"
+#include "model/model.h"
+
+namespace baton {
+
+class DecodeService final : public baton::v1::DecodeWorker::CallbackService {
+ public:
+  // Both must outlive the service.
+  DecodeService(DecodeEngine& engine, const Model& model) : engine_(engine), model_(model) {}
+
+  // Reported in GetLoad: the frontend routes no new work here while set (graceful shutdown).
+  void set_draining(bool draining) { draining_ = draining; }
+
+  grpc::ServerUnaryReactor* Admit(grpc::CallbackServerContext* context, const v1::AdmitRequest* request,
+                                  v1::AdmitResponse* response) override;
+  grpc::ServerWriteReactor<v1::DecodeEvent>* Stream(grpc::CallbackServerContext* context,
+                                                    const v1::StreamRequest* request) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerReadReactor<v1::KvMessage>* TransferKv(grpc::CallbackServerContext* context,
+                                                     v1::KvAck* response) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context, const v1::LoadRequest* request,
+                                    v1::LoadReport* response) override;
+
+ private:
+  DecodeEngine& engine_;
+  const Model& model_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace baton

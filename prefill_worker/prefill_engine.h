@@ -1,0 +1,182 @@
+// The prefill worker's step loop (DESIGN.md "Prefill worker"): one engine thread runs batched,
+// chunked prefill over a paged KV cache; finished prompts get their first token sampled at once,
+// and their KV is handed to a decode worker by a small pool of sender threads, off the engine
+// thread. Protobuf-free: prefill_service.cpp adapts it to gRPC.
+//
+// A job's life: queued (no blocks) → running (blocks for its whole prompt, prefilled over one or
+// more steps) → sending (first token out; KV exported and sent) → done (blocks freed, on_done).
+//
+// A step: the running job left mid-prompt by the previous step goes first, then queued jobs in
+// FIFO order, each taking as many of its remaining tokens as the token budget has left (a prompt
+// longer than that is chunked; its later chunks attend to the earlier chunks' KV, which stays in
+// its blocks). A queued job starts only when the pool can hold its whole prompt; the jobs behind
+// it wait too (FIFO, no overtaking). All the step's tokens go through ONE Model::forward.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "kv/block_pool.h"
+#include "kv/kv_transfer.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace prometheus {
+class Gauge;
+class Histogram;
+}  // namespace prometheus
+
+namespace baton {
+
+class Metrics;
+
+struct PrefillConfig {
+  int token_budget = 2048;           // --prefill-token-budget: most prompt tokens in one step (one forward)
+  int n_blocks = 0;                  // KV blocks in the worker's cache; 0: enough for max(4 × token_budget,
+                                     // the model's context) tokens
+  int block_size = 16;               // tokens per KV block
+  DType kv_dtype = DType::kF32;      // KV cache element type, also the dtype on the wire
+  int max_queued_tokens = 65536;     // bound on prompt tokens waiting to start; a submit beyond it is
+                                     // RESOURCE_EXHAUSTED (a job is always accepted into an empty queue)
+  int n_senders = 2;                 // threads exporting and sending KV (each blocks on one transfer)
+  int64_t kv_chunk_bytes = 2 << 20;  // most K+V bytes in one KvChunk: chunks stay well below gRPC's
+                                     // default 4 MiB message limit; at least one token per chunk
+  std::string name;                  // this worker's name (its listen address): metric label, logs
+};
+
+// INVALID_ARGUMENT naming the field when a value is out of range.
+Status validate_prefill_config(const PrefillConfig& config);
+
+struct PrefillJob {
+  std::string request_id;       // unique among this worker's jobs in progress
+  std::vector<int32_t> tokens;  // the prompt, then the tokens generated before a failover
+  int n_generated = 0;          // how many of `tokens` were generated before a failover: the sampler
+                                // skips that many draws, so a seeded stream continues where it stopped
+  SamplingParams sampling;
+  std::string decode_address;     // the decode worker that receives the KV
+  std::string model_fingerprint;  // copied into the KV header (the receiver refuses a mismatch)
+  // Called once, on the engine thread, as soon as the first token is sampled (before any KV moves).
+  // queue_seconds: submit → the step that starts its prefill; prefill_seconds: that step's start →
+  // the end of the forward that finished the prompt.
+  std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds)> on_first_token;
+  // Called exactly once for every accepted job, last: ok when the decode worker acknowledged the
+  // whole KV; otherwise the transport's error, CANCELLED, or UNAVAILABLE at shutdown. Runs on the
+  // engine thread, a sender thread, or (cancel of a queued job) the thread calling cancel().
+  std::function<void(const Status& status, double transfer_seconds, int64_t bytes)> on_done;
+};
+
+// What the worker reports to the frontend's scheduler.
+struct PrefillLoad {
+  int64_t queued_prompt_tokens = 0;  // prompt tokens waiting or not yet prefilled
+  int n_queued = 0;                  // jobs waiting to start
+  int n_running = 0;                 // jobs being prefilled (hold blocks, prompt not finished)
+  int n_sending = 0;                 // jobs whose KV is being exported or sent
+  int free_blocks = 0;
+  int total_blocks = 0;
+};
+
+class PrefillEngine {
+ public:
+  // `model` and `transport` (and `metrics`, when given) must outlive the engine. The sender
+  // threads start here; the engine thread starts with start(). `config` must be valid.
+  PrefillEngine(Model& model, KvTransport& transport, const PrefillConfig& config, Metrics* metrics = nullptr);
+  ~PrefillEngine();  // stop()
+  PrefillEngine(const PrefillEngine&) = delete;
+  PrefillEngine& operator=(const PrefillEngine&) = delete;
+
+  void start();
+  // Fails the jobs not yet prefilled (UNAVAILABLE), lets the senders finish the transfers
+  // already started, and joins every thread. Idempotent.
+  void stop();
+
+  // Queues a job. INVALID_ARGUMENT (empty, out-of-vocabulary or over-context tokens, bad
+  // sampling, no decode address, a prompt the KV pool can never hold), FAILED_PRECONDITION (the
+  // id is already in progress here), RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (stopped). On
+  // error neither callback is ever called.
+  Status submit(PrefillJob job);
+  // Drops a job: a queued one at once (on_done(CANCELLED) before cancel returns), a running one
+  // at the next step boundary (its blocks freed then), a sending one by ending its transfer early
+  // (the receiver refuses the incomplete KV). Unknown or finished ids are ignored.
+  void cancel(const std::string& request_id);
+
+  PrefillLoad load() const;
+  const PrefillConfig& config() const { return config_; }
+
+  // For tests: steps run so far, and one step on the caller's thread (only while the engine
+  // thread is not running). Returns false when there was nothing to do.
+  int64_t n_steps() const { return n_steps_.load(); }
+  bool run_step_for_test();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Job;
+  struct Slice {  // a job's part of one step
+    std::shared_ptr<Job> job;
+    int32_t start = 0;
+    int32_t n = 0;
+  };
+
+  void engine_loop();
+  void sender_loop();
+  // Picks the step's slices (allocating blocks to jobs it starts) and takes cancelled running
+  // jobs out into `dropped`. Called with mu_ held.
+  std::vector<Slice> plan_step_locked(std::vector<std::shared_ptr<Job>>* dropped);
+  // Runs one planned step (without mu_): forward, first tokens, hand-off to the senders.
+  void run_step(std::vector<Slice> slices);
+  // Exports the job's KV and sends it; frees its blocks; calls on_done.
+  void send_kv(const std::shared_ptr<Job>& job);
+  // Frees a job's blocks (if any), forgets it and calls on_done. Without mu_ held.
+  void finish(const std::shared_ptr<Job>& job, const Status& status, double transfer_seconds, int64_t bytes,
+              bool was_sending);
+  bool has_work_locked() const;
+  void update_gauges_locked();
+
+  Model& model_;
+  KvTransport& transport_;
+  const PrefillConfig config_;
+  std::unique_ptr<KvCache> cache_;
+  Metrics* metrics_;
+  // This worker's series (role="prefill", worker=name), when metrics_ is set.
+  prometheus::Histogram* step_tokens_hist_ = nullptr;
+  prometheus::Histogram* prefill_seconds_hist_ = nullptr;
+  prometheus::Gauge* queue_depth_gauge_ = nullptr;
+  prometheus::Gauge* running_gauge_ = nullptr;
+  prometheus::Gauge* blocks_free_gauge_ = nullptr;
+  int n_vocab_ = 0;
+  int n_ctx_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;                             // engine: new job, cancel, freed blocks, stop
+  std::condition_variable send_cv_;                             // senders: a job to send, stop
+  BlockPool pool_;                                              // guarded by mu_
+  std::deque<std::shared_ptr<Job>> waiting_;                    // FIFO, no blocks yet; guarded by mu_
+  std::vector<std::shared_ptr<Job>> running_;                   // hold blocks, prompt unfinished; guarded by mu_
+  std::deque<std::shared_ptr<Job>> to_send_;                    // first token out, KV to send; guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Job>> jobs_;  // every job in progress, by id; guarded by mu_
+  int64_t waiting_tokens_ = 0;                                  // sum of waiting_ prompts; guarded by mu_
+  int n_sending_ = 0;                                           // jobs in to_send_ or being sent; guarded by mu_
+  bool stopping_ = false;                                       // guarded by mu_
+  bool senders_stop_ = false;                                   // guarded by mu_
+
+  std::atomic<int64_t> n_steps_{0};
+  std::atomic<bool> engine_running_{false};
+  std::thread engine_thread_;
+  std::vector<std::thread> sender_threads_;
+
+  // Reused across steps (engine thread only).
+  StepBatch batch_;
+  std::vector<float> logits_;
+};
+
+}  // namespace baton

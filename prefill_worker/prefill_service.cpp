@@ -1,0 +1,184 @@
+#include "prefill_worker/prefill_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <mutex>
+
+#include "common/grpc_status.h"
+#include "proto/convert.h"
+
+namespace baton {
+namespace {
+
+Status check_ids(const google::protobuf::RepeatedField<int32_t>& ids, const char* field, int n_vocab) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= n_vocab) {
+      return invalid_argument(std::string(field) + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                              " is outside the model's vocabulary [0, " + std::to_string(n_vocab) + ")");
+    }
+  }
+  return {};
+}
+
+// One Prefill call. The engine's callbacks point at this reactor, so it finishes the call only
+// after on_done (the engine's last call for the job); OnDone, which follows Finish, deletes it.
+// Events are written one at a time, in order: FirstToken, then KvSent.
+class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillEvent> {
+ public:
+  PrefillReactor(PrefillEngine& engine, const Model& model, const baton::v1::PrefillRequest& request, bool draining)
+      : engine_(engine), request_id_(request.request_id()) {
+    Status s = draining ? unavailable("this prefill worker is draining: send the request to another one")
+                        : validate_prefill_request(request, model.config());
+    if (s.ok()) {
+      PrefillJob job;
+      job.request_id = request.request_id();
+      job.tokens.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+      job.tokens.insert(job.tokens.end(), request.generated_token_ids().begin(), request.generated_token_ids().end());
+      job.n_generated = request.generated_token_ids_size();
+      job.sampling = sampling_from_proto(request.sampling());
+      job.decode_address = request.decode_address();
+      job.model_fingerprint = model.fingerprint();
+      job.on_first_token = [this](int32_t token, double queue_s, double prefill_s) {
+        on_first_token(token, queue_s, prefill_s);
+      };
+      job.on_done = [this](const Status& status, double transfer_s, int64_t bytes) {
+        on_done(status, transfer_s, bytes);
+      };
+      s = engine_.submit(std::move(job));  // on error, no callback ever comes
+      submitted_ = s.ok();
+    }
+    if (!s.ok()) {
+      spdlog::info("req={} prefill refused: {}", request_id_, s.to_string());
+      Finish(to_grpc(s));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      events_.pop_front();
+      if (!ok) {
+        broken_ = true;  // the client is gone: nothing more can be written
+        events_.clear();
+      }
+    }
+    if (!ok) engine_.cancel(request_id_);  // usually OnCancel did already; cancel is idempotent
+    pump();
+  }
+
+  // Only a job this call submitted: a refused duplicate id must not cancel the original.
+  void OnCancel() override {
+    if (submitted_) engine_.cancel(request_id_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void on_first_token(int32_t token, double queue_s, double prefill_s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_) return;
+      baton::v1::FirstToken* ft = events_.emplace_back().mutable_first_token();
+      ft->set_token_id(token);
+      ft->set_queue_seconds(queue_s);
+      ft->set_prefill_seconds(prefill_s);
+    }
+    pump();
+  }
+
+  void on_done(const Status& status, double transfer_s, int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status.ok() && !broken_) {
+        baton::v1::KvSent* sent = events_.emplace_back().mutable_kv_sent();
+        sent->set_transfer_seconds(transfer_s);
+        sent->set_bytes(bytes);
+      }
+      final_status_ = to_grpc(status);
+      done_ = true;
+    }
+    pump();
+  }
+
+  // Starts the next write, or finishes the call once every event is written and the engine is
+  // done with the job. gRPC is called without mu_ held; after Finish `this` may be gone.
+  void pump() {
+    const baton::v1::PrefillEvent* next = nullptr;
+    grpc::Status finish_status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_ || finished_) return;
+      if (!events_.empty()) {
+        writing_ = true;
+        next = &events_.front();  // stays put (deque front) until OnWriteDone pops it
+      } else if (done_) {
+        finished_ = true;
+        finish_status = final_status_;
+      } else {
+        return;
+      }
+    }
+    if (next) {
+      StartWrite(next);
+    } else {
+      Finish(finish_status);
+    }
+  }
+
+  PrefillEngine& engine_;
+  const std::string request_id_;
+  bool submitted_ = false;  // the engine accepted the job (set in the constructor, read after)
+  std::mutex mu_;
+  std::deque<baton::v1::PrefillEvent> events_;  // to write; the front is in flight while writing_
+  bool writing_ = false;
+  bool broken_ = false;    // a write failed: drop further events
+  bool done_ = false;      // on_done came: final_status_ is set
+  bool finished_ = false;  // Finish called
+  grpc::Status final_status_;
+};
+
+}  // namespace
+
+Status validate_prefill_request(const baton::v1::PrefillRequest& r, const ModelConfig& model) {
+  if (r.request_id().empty()) return invalid_argument("request_id is empty");
+  if (r.prompt_token_ids().empty()) return invalid_argument("prompt_token_ids is empty: give at least one token");
+  BATON_RETURN_IF_ERROR(check_ids(r.prompt_token_ids(), "prompt_token_ids", model.n_vocab));
+  BATON_RETURN_IF_ERROR(check_ids(r.generated_token_ids(), "generated_token_ids", model.n_vocab));
+  const int64_t n = static_cast<int64_t>(r.prompt_token_ids_size()) + r.generated_token_ids_size();
+  if (n >= model.n_ctx) {
+    return invalid_argument("prompt_token_ids (" + std::to_string(r.prompt_token_ids_size()) +
+                            ") + generated_token_ids (" + std::to_string(r.generated_token_ids_size()) +
+                            ") leave no room for a new token in the model's context of " + std::to_string(model.n_ctx));
+  }
+  const Status s = validate_sampling(sampling_from_proto(r.sampling()));
+  if (!s.ok()) return invalid_argument("sampling." + s.message());
+  if (r.decode_address().empty()) return invalid_argument("decode_address is empty");
+  return {};
+}
+
+grpc::ServerWriteReactor<baton::v1::PrefillEvent>* PrefillService::Prefill(grpc::CallbackServerContext* context,
+                                                                           const baton::v1::PrefillRequest* request) {
+  return new PrefillReactor(engine_, model_, *request, draining_);
+}
+
+grpc::ServerUnaryReactor* PrefillService::GetLoad(grpc::CallbackServerContext* context,
+                                                  const baton::v1::LoadRequest* request,
+                                                  baton::v1::LoadReport* response) {
+  const PrefillLoad load = engine_.load();
+  const ModelConfig& c = model_.config();
+  response->set_model_fingerprint(model_.fingerprint());
+  response->set_free_blocks(load.free_blocks);
+  response->set_total_blocks(load.total_blocks);
+  response->set_block_size(engine_.config().block_size);
+  response->set_queued_prompt_tokens(load.queued_prompt_tokens);
+  response->set_running(load.n_running + load.n_sending);
+  response->set_draining(draining_);
+  model_info_to_proto(c.name, c, model_.fingerprint(), "", response->mutable_model());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace baton

@@ -1,0 +1,282 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace baton {
+
+namespace {
+
+std::string seconds_string(std::chrono::nanoseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f s", std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+// KV positions the largest reported decode worker holds (0 when none has reported).
+int64_t largest_decode_capacity(const std::vector<WorkerSnapshot>& decode) {
+  int64_t best = 0;
+  for (const auto& w : decode) {
+    if (w.has_report) best = std::max(best, w.load.total_blocks * w.load.block_size);
+  }
+  return best;
+}
+
+}  // namespace
+
+Status SchedulerConfig::validate() const {
+  if (max_requests < 1) return invalid_argument("max_requests must be >= 1, got " + std::to_string(max_requests));
+  if (max_queued_prompt_tokens < 1) {
+    return invalid_argument("max_queued_prompt_tokens must be >= 1, got " + std::to_string(max_queued_prompt_tokens));
+  }
+  if (max_head_bypass.count() < 0) return invalid_argument("max_head_bypass must be >= 0");
+  return {};
+}
+
+bool Scheduler::QueueKey::operator<(const QueueKey& o) const {
+  if (priority != o.priority) return priority > o.priority;
+  if (arrival != o.arrival) return arrival < o.arrival;
+  return seq < o.seq;
+}
+
+Scheduler::Scheduler(SchedulerConfig config, WorkerRegistry& registry, const Clock& clock)
+    : config_(config),
+      registry_(registry),
+      clock_(clock),
+      decode_policy_(std::make_unique<DecodePlacement>()),
+      prefill_policy_(std::make_unique<PrefillPlacement>()) {
+  const Status s = config_.validate();
+  BATON_CHECK(s.ok(), "SchedulerConfig: %s", s.to_string().c_str());
+}
+
+Status Scheduler::check_servable(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                                 const std::vector<WorkerSnapshot>& prefill) {
+  if (decode.empty()) {
+    return unavailable("no decode worker addresses are known (check the decode worker flag or its DNS name)");
+  }
+  if (prefill.empty()) {
+    return unavailable("no prefill worker addresses are known (check the prefill worker flag or its DNS name)");
+  }
+  // Until some decode worker has reported, its size is unknown: the request waits.
+  const int64_t capacity = largest_decode_capacity(decode);
+  if (capacity > 0 && req.n_total_tokens > capacity) {
+    return invalid_argument("request " + req.id + " needs " + std::to_string(req.n_total_tokens) +
+                            " KV positions (prompt " + std::to_string(req.n_prompt_tokens) + " + max new tokens " +
+                            std::to_string(req.n_total_tokens - req.n_prompt_tokens) +
+                            ") but the largest decode worker holds " + std::to_string(capacity) +
+                            "; shorten the prompt or lower max_tokens");
+  }
+  return {};
+}
+
+Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_failed) {
+  BATON_CHECK(on_placed && on_failed, "Scheduler::submit of %s without both callbacks", req.id.c_str());
+  if (req.id.empty()) return invalid_argument("request id is empty");
+  if (req.n_prompt_tokens <= 0) return invalid_argument("request " + req.id + " has an empty prompt");
+  if (req.n_total_tokens < req.n_prompt_tokens) {
+    return invalid_argument("request " + req.id + ": n_total_tokens " + std::to_string(req.n_total_tokens) +
+                            " < n_prompt_tokens " + std::to_string(req.n_prompt_tokens));
+  }
+  if (req.n_prompt_tokens > config_.max_queued_prompt_tokens) {
+    return invalid_argument("prompt of " + std::to_string(req.n_prompt_tokens) +
+                            " tokens is longer than the admission bound max_queued_prompt_tokens = " +
+                            std::to_string(config_.max_queued_prompt_tokens) +
+                            "; shorten the prompt (or raise the bound)");
+  }
+  // Snapshots before our lock: the registry never calls us, and a snapshot a moment old is as
+  // good as one taken under the lock (workers change independently of us anyway).
+  const auto decode = registry_.snapshot(WorkerRole::kDecode);
+  const auto prefill = registry_.snapshot(WorkerRole::kPrefill);
+  BATON_RETURN_IF_ERROR(check_servable(req, decode, prefill));
+  const TimePoint now = clock_.now();
+  if (req.deadline.has_value() && *req.deadline <= now) {
+    return deadline_exceeded("request " + req.id + " arrived after its deadline");
+  }
+
+  Actions actions;
+  {
+    std::lock_guard lock(mu_);
+    if (requests_.count(req.id) != 0) return invalid_argument("request id " + req.id + " is already in use");
+    if (static_cast<int64_t>(requests_.size()) >= config_.max_requests) {
+      return resource_exhausted("server is at its request bound: " + std::to_string(requests_.size()) +
+                                " requests in flight (max_requests = " + std::to_string(config_.max_requests) +
+                                "); retry with backoff");
+    }
+    if (queued_prompt_tokens_ + req.n_prompt_tokens > config_.max_queued_prompt_tokens) {
+      return resource_exhausted("server is at its queued prompt token bound: " + std::to_string(queued_prompt_tokens_) +
+                                " queued + " + std::to_string(req.n_prompt_tokens) + " > max_queued_prompt_tokens = " +
+                                std::to_string(config_.max_queued_prompt_tokens) + "; retry with backoff");
+    }
+    Entry e;
+    e.seq = next_seq_++;
+    e.on_placed = std::move(on_placed);
+    e.on_failed = std::move(on_failed);
+    queued_prompt_tokens_ += req.n_prompt_tokens;
+    e.req = std::move(req);
+    queue_.insert(key_of(e));
+    const std::string id = e.req.id;
+    requests_.emplace(id, std::move(e));
+    fail_unservable_locked(now, actions);
+    place_locked(now, actions);
+  }
+  run(actions);
+  return {};
+}
+
+void Scheduler::poll() {
+  Actions actions;
+  {
+    std::lock_guard lock(mu_);
+    const TimePoint now = clock_.now();
+    fail_unservable_locked(now, actions);
+    place_locked(now, actions);
+  }
+  run(actions);
+}
+
+void Scheduler::decode_admitted(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second.placed) return;
+  registry_.confirm_decode(it->second.placement.decode_address, id);
+}
+
+void Scheduler::prefill_done(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second.prefill_outstanding) return;
+  registry_.remove_prefill_tokens(it->second.placement.prefill_address, id);
+  it->second.prefill_outstanding = false;
+}
+
+void Scheduler::finished(const std::string& id) {
+  cancel(id);
+}
+
+void Scheduler::cancel(const std::string& id) {
+  Actions actions;
+  {
+    std::lock_guard lock(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    if (it->second.placed) {
+      release_placed_locked(id);
+    } else {
+      fail_queued_locked(id, cancelled("request " + id + " was cancelled while queued"), actions);
+    }
+    const TimePoint now = clock_.now();
+    fail_unservable_locked(now, actions);
+    place_locked(now, actions);
+  }
+  run(actions);
+}
+
+int32_t Scheduler::n_queued() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int32_t>(queue_.size());
+}
+
+int32_t Scheduler::n_admitted() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int32_t>(requests_.size());
+}
+
+int64_t Scheduler::queued_prompt_tokens() const {
+  std::lock_guard lock(mu_);
+  return queued_prompt_tokens_;
+}
+
+void Scheduler::fail_unservable_locked(TimePoint now, Actions& actions) {
+  if (queue_.empty()) return;
+  const auto decode = registry_.snapshot(WorkerRole::kDecode);
+  const auto prefill = registry_.snapshot(WorkerRole::kPrefill);
+  std::vector<std::pair<std::string, Status>> failures;
+  for (const QueueKey& k : queue_) {
+    const PendingRequest& req = requests_.at(k.id).req;
+    if (req.deadline.has_value() && *req.deadline <= now) {
+      failures.emplace_back(
+          k.id,
+          deadline_exceeded("request " + k.id + " missed its deadline after " + seconds_string(now - req.arrival) +
+                            " in the queue: no healthy worker pair could take it (it needs " +
+                            std::to_string(req.n_total_tokens) + " KV positions on one decode worker)"));
+      continue;
+    }
+    Status s = check_servable(req, decode, prefill);
+    if (!s.ok()) failures.emplace_back(k.id, std::move(s));
+  }
+  for (auto& [id, status] : failures) fail_queued_locked(id, std::move(status), actions);
+}
+
+void Scheduler::place_locked(TimePoint now, Actions& actions) {
+  if (queue_.empty()) return;
+  auto decode = registry_.snapshot(WorkerRole::kDecode);
+  auto prefill = registry_.snapshot(WorkerRole::kPrefill);
+  bool head_seen = false;  // the first request in order that could not be placed
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Entry& e = requests_.at(it->id);
+    const PlacementRequest q{e.req.n_prompt_tokens, e.req.n_total_tokens};
+    std::optional<std::string> d = decode_policy_->pick(decode, q);
+    std::optional<std::string> p = d.has_value() ? prefill_policy_->pick(prefill, q) : std::nullopt;
+    bool placed = false;
+    if (d.has_value() && p.has_value()) {
+      const auto w =
+          std::find_if(decode.begin(), decode.end(), [&](const WorkerSnapshot& s) { return s.address == *d; });
+      BATON_CHECK(w != decode.end(), "decode policy picked %s, which is not in the snapshot", d->c_str());
+      const int64_t blocks = blocks_for(e.req.n_total_tokens, w->load.block_size);
+      // Either may fail when an address update dropped the worker since the snapshot.
+      if (registry_.reserve_decode(*d, e.req.id, blocks)) {
+        if (registry_.add_prefill_tokens(*p, e.req.id, e.req.n_prompt_tokens)) {
+          placed = true;
+          e.placed = true;
+          e.prefill_outstanding = true;
+          e.placement = Placement{e.req.id, *p, *d, blocks};
+          queued_prompt_tokens_ -= e.req.n_prompt_tokens;
+          actions.push_back([fn = std::move(e.on_placed), placement = e.placement] { fn(placement); });
+          e.on_placed = nullptr;
+          e.on_failed = nullptr;  // resolved: on_failed will never run
+        } else {
+          registry_.release_decode(*d, e.req.id);
+        }
+      }
+      // The registry changed (or a worker vanished): later requests must see the new numbers.
+      decode = registry_.snapshot(WorkerRole::kDecode);
+      prefill = registry_.snapshot(WorkerRole::kPrefill);
+    }
+    if (placed) {
+      it = queue_.erase(it);
+      continue;
+    }
+    if (!head_seen) {
+      head_seen = true;
+      // Past its bypass allowance the head holds everything behind it (see scheduler.h).
+      if (now - e.req.arrival >= config_.max_head_bypass) break;
+    }
+    ++it;
+  }
+}
+
+void Scheduler::fail_queued_locked(const std::string& id, Status status, Actions& actions) {
+  auto it = requests_.find(id);
+  BATON_CHECK(it != requests_.end() && !it->second.placed, "fail_queued_locked(%s): not queued", id.c_str());
+  Entry& e = it->second;
+  queue_.erase(key_of(e));
+  queued_prompt_tokens_ -= e.req.n_prompt_tokens;
+  actions.push_back([fn = std::move(e.on_failed), status = std::move(status)] { fn(status); });
+  requests_.erase(it);
+}
+
+void Scheduler::release_placed_locked(const std::string& id) {
+  auto it = requests_.find(id);
+  BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
+  const Entry& e = it->second;
+  registry_.release_decode(e.placement.decode_address, id);
+  if (e.prefill_outstanding) registry_.remove_prefill_tokens(e.placement.prefill_address, id);
+  requests_.erase(it);
+}
+
+void Scheduler::run(Actions& actions) {
+  for (auto& a : actions) a();
+  actions.clear();
+}
+
+}  // namespace baton

@@ -1,0 +1,158 @@
+// The frontend's view of its workers: who they are (addresses from flags or DNS), what each last
+// reported about its load, whether it is healthy, and the work this frontend has sent it that the
+// last report cannot include yet. Thread-safe; it never calls out, so callers may hold their own
+// lock while calling it (the scheduler does: scheduler lock, then registry lock).
+//
+// Load reports are pulled (GetLoad): the caller notes when it sent the request (`requested_at`)
+// and hands the answer to report_load(). Between reports the registry keeps LOCAL adjustments so
+// that two placements in a row do not both pick the same almost-full worker:
+//
+//   decode   reserve_decode(addr, id, blocks)  at placement (before D.Admit is sent)
+//            confirm_decode(addr, id)          when D.Admit has returned OK: D now holds the blocks
+//            release_decode(addr, id)          when the request is done (finished, cancelled, failed)
+//   prefill  add_prefill_tokens(addr, id, n)   at placement (the Prefill call is sent right after)
+//            remove_prefill_tokens(addr, id)   when its prefill is done (first token) or abandoned
+//
+// Accounting rule: an adjustment is "unreported" until a report arrives whose request was sent
+// after the adjustment was confirmed (strictly: at equal times the order is unknown, and counting
+// it twice is the safe error); such a report includes it (the worker applied it before
+// answering), so the adjustment is dropped and the report alone is the truth. Unconfirmed decode
+// reservations are never dropped by a report (the Admit may still be in flight), only released.
+// Hence, with one frontend and in-order reports:
+//   estimated free blocks = reported free - unreported reservations <= the worker's real free,
+// so a placement that fits the estimate never overcommits a decode worker. Reports answered out of
+// order (requested before the report already applied) are ignored. Releasing an unreported
+// reservation gives its blocks back at once; releasing one a report has already included does
+// nothing locally: the worker frees them, and the next report says so.
+// Prefill has no acknowledgement before its first token, so prompt tokens count as confirmed when
+// added: a report requested later is taken to include them. The error window is one network hop
+// and only skews balancing, never capacity.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "scheduler/clock.h"
+
+namespace baton {
+
+enum class WorkerRole { kPrefill, kDecode };
+const char* worker_role_name(WorkerRole role);  // "prefill" / "decode"
+
+// One load report, as a worker sends it (worker.proto LoadReport, converted at the edge).
+struct WorkerLoad {
+  int64_t free_blocks = 0;           // decode: KV blocks neither in use nor reserved by Admit
+  int64_t total_blocks = 0;          // decode: all KV blocks
+  int32_t block_size = 0;            // decode: token positions per KV block (> 0 for decode)
+  int64_t queued_prompt_tokens = 0;  // prefill: prompt tokens waiting or in progress
+  int32_t n_running = 0;             // decode: sequences generating; prefill: prompts in progress
+  bool draining = false;             // shutting down: route no new work here
+};
+
+struct WorkerRegistryConfig {
+  // A worker is unhealthy after this many consecutive failed calls (load polls or requests);
+  // one successful load report makes it healthy again. >= 1.
+  int32_t unhealthy_after_failures = 3;
+  // A worker whose last load report is older than this is unhealthy (its numbers are too old to
+  // place by). Should be a few load-poll periods. > 0.
+  std::chrono::nanoseconds stale_after = std::chrono::seconds(10);
+
+  Status validate() const;
+};
+
+// A copy of one worker's state, with health evaluated at the time of the snapshot.
+struct WorkerSnapshot {
+  std::string address;  // "host:port"
+  WorkerRole role = WorkerRole::kDecode;
+  bool has_report = false;               // false until the first load report: capacity unknown
+  WorkerLoad load;                       // the last report applied (zeros before the first)
+  TimePoint last_report_at{};            // when it was applied (the registry's clock)
+  int32_t n_consecutive_failures = 0;    // reset by a load report
+  bool healthy = false;                  // has_report, few enough failures, report not stale
+  int64_t reserved_blocks = 0;           // decode: blocks reserved here that `load` does not include
+  int64_t unreported_prompt_tokens = 0;  // prefill: prompt tokens sent here that `load` does not include
+  int32_t n_unreported_requests = 0;     // requests behind the two numbers above
+
+  // Whether new work may be routed here.
+  bool can_place() const { return healthy && !load.draining; }
+  // Decode: free blocks after this frontend's unreported reservations (may be < 0 when a
+  // report shows the worker fuller than expected, e.g. another frontend's requests).
+  int64_t available_blocks() const { return load.free_blocks - reserved_blocks; }
+  // Prefill: prompt tokens ahead of a new request.
+  int64_t outstanding_prompt_tokens() const { return load.queued_prompt_tokens + unreported_prompt_tokens; }
+};
+
+class WorkerRegistry {
+ public:
+  WorkerRegistry(WorkerRegistryConfig config, const Clock& clock);  // config must validate()
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // Makes `addresses` the workers of `role` (from flags, or each DNS re-resolution): adds new
+  // ones (unhealthy until their first report), keeps the state of those already known, and drops
+  // those no longer listed together with their local adjustments. Duplicates are ignored.
+  void set_addresses(WorkerRole role, const std::vector<std::string>& addresses);
+  // The workers of `role`, sorted by address (whom to poll for load).
+  std::vector<std::string> addresses(WorkerRole role) const;
+
+  // Applies a load report whose GetLoad was sent at `requested_at` and marks the worker healthy.
+  // NOT_FOUND when the worker is not (or no longer) registered for `role`; INVALID_ARGUMENT when
+  // the report is malformed (negative counts, free > total, decode block_size <= 0). A report
+  // requested before the one already applied is ignored (OK).
+  Status report_load(WorkerRole role, const std::string& address, const WorkerLoad& load, TimePoint requested_at);
+  // A call to the worker failed (unreachable, timed out). Unknown addresses are ignored.
+  void report_failure(WorkerRole role, const std::string& address);
+
+  // All workers of `role` sorted by address.
+  std::vector<WorkerSnapshot> snapshot(WorkerRole role) const;
+  std::optional<WorkerSnapshot> find(WorkerRole role, const std::string& address) const;
+
+  // Decode reservations (see the accounting rule above). reserve_decode is false (and changes
+  // nothing) when the worker is not registered; `request_id` must not already hold a
+  // reservation there. confirm/release of an unknown worker or id do nothing (the worker may
+  // have been dropped, or a report already included the reservation).
+  bool reserve_decode(const std::string& address, const std::string& request_id, int64_t n_blocks);
+  void confirm_decode(const std::string& address, const std::string& request_id);
+  void release_decode(const std::string& address, const std::string& request_id);
+
+  // Prefill outstanding tokens, with the same contract as the decode reservations.
+  bool add_prefill_tokens(const std::string& address, const std::string& request_id, int64_t n_tokens);
+  void remove_prefill_tokens(const std::string& address, const std::string& request_id);
+
+ private:
+  // Work sent to a worker that its last applied report does not include.
+  struct Unreported {
+    int64_t amount = 0;                     // decode: blocks; prefill: prompt tokens
+    std::optional<TimePoint> confirmed_at;  // set once the worker is known to hold it
+  };
+  struct Worker {
+    bool has_report = false;
+    WorkerLoad load;
+    TimePoint requested_at{};    // of the applied report; older reports are ignored
+    TimePoint last_report_at{};  // when the applied report arrived
+    int32_t n_consecutive_failures = 0;
+    std::unordered_map<std::string, Unreported> unreported;  // by request id
+    int64_t n_unreported = 0;                                // sum of unreported[*].amount
+  };
+
+  Worker* find_locked(WorkerRole role, const std::string& address);
+  const Worker* find_locked(WorkerRole role, const std::string& address) const;
+  WorkerSnapshot snapshot_locked(WorkerRole role, const std::string& address, const Worker& w, TimePoint now) const;
+  bool add_unreported(WorkerRole role, const std::string& address, const std::string& request_id, int64_t amount,
+                      bool confirmed);
+  void remove_unreported(WorkerRole role, const std::string& address, const std::string& request_id);
+
+  const WorkerRegistryConfig config_;
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, Worker> workers_[2];  // guarded by mu_; indexed by role, keyed by address
+};
+
+}  // namespace baton

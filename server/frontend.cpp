@@ -1,0 +1,80 @@
+#include "server/frontend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+namespace baton {
+
+Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metrics* metrics) {
+  auto fe = std::unique_ptr<Frontend>(new Frontend(metrics));
+  BATON_ASSIGN_OR_RETURN(fe->file_, GgufFile::open(config.model_path));
+  BATON_ASSIGN_OR_RETURN(fe->tokenizer_, Tokenizer::from_gguf(*fe->file_));
+  BATON_ASSIGN_OR_RETURN(fe->model_.config, model_config_from_gguf(*fe->file_));
+  fe->model_.fingerprint = model_fingerprint(fe->model_.config, *fe->file_);
+  fe->model_.tokenizer = fe->tokenizer_.get();
+  fe->model_.name = std::filesystem::path(config.model_path).stem().string();
+  if (!config.chat_template.empty()) {
+    BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
+    fe->model_.chat_template = ChatTemplate::for_kind(kind);
+  } else if (auto t = chat_template_from_gguf(*fe->file_); t.ok()) {
+    fe->model_.chat_template = *t;
+  } else {
+    spdlog::warn("chat requests are disabled: {}", t.status().message());
+  }
+  BATON_RETURN_IF_ERROR(config.registry.validate());
+  BATON_RETURN_IF_ERROR(config.scheduler.validate());
+  config.workers.model_fingerprint = fe->model_.fingerprint;
+  BATON_RETURN_IF_ERROR(config.workers.validate());
+  fe->registry_ = std::make_unique<WorkerRegistry>(config.registry, fe->clock_);
+  fe->scheduler_ = std::make_unique<Scheduler>(config.scheduler, *fe->registry_, fe->clock_);
+  Frontend* raw = fe.get();
+  fe->pool_ = std::make_unique<WorkerPool>(config.workers, *fe->registry_, [raw] {
+    raw->scheduler_->poll();
+    raw->update_gauges();
+  });
+  fe->context_.model = &fe->model_;
+  fe->context_.scheduler = fe->scheduler_.get();
+  fe->context_.registry = fe->registry_.get();
+  fe->context_.pool = fe->pool_.get();
+  fe->context_.metrics = metrics;
+  fe->context_.name = config.name;
+  fe->context_.next_id = &fe->next_id_;
+  fe->context_.draining = &fe->draining_;
+  return fe;
+}
+
+Frontend::~Frontend() { stop(); }
+
+void Frontend::start() {
+  pool_->poll_now();
+  pool_->start();
+}
+
+void Frontend::stop() {
+  if (pool_) pool_->stop();
+}
+
+void Frontend::update_gauges() {
+  if (metrics_ == nullptr) return;
+  const auto labels = Metrics::role_labels("frontend", context_.name);
+  metrics_->queue_depth.Add(labels).Set(scheduler_->n_queued());
+  metrics_->running_sequences.Add(labels).Set(scheduler_->n_admitted() - scheduler_->n_queued());
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* Frontend::Generate(grpc::CallbackServerContext* context,
+                                                                   const v1::GenerateRequest* request) {
+  auto* reactor = start_generate_call(context_, context, request);
+  update_gauges();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Frontend::ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
+                                               v1::ListModelsResponse* response) {
+  *response->add_models() = model_info(model_);
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace baton

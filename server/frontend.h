@@ -1,0 +1,63 @@
+// The frontend role: the public Generation service over a scheduler and the worker pool. It
+// reads only the model file's metadata (tokenizer, chat template, shapes), never its weights.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "baton/v1/generate.grpc.pb.h"
+#include "common/metrics.h"
+#include "model/gguf.h"
+#include "scheduler/scheduler.h"
+#include "server/generate_call.h"
+#include "server/request_spec.h"
+#include "server/worker_pool.h"
+
+namespace baton {
+
+struct FrontendConfig {
+  std::string model_path;     // GGUF file (metadata only)
+  std::string name;           // listen address, for metrics labels and logs
+  std::string chat_template;  // "" (from the model) | chatml | llama3
+  WorkerPoolConfig workers;   // where the workers are
+  SchedulerConfig scheduler;  // admission bounds
+  WorkerRegistryConfig registry;
+};
+
+class Frontend final : public v1::Generation::CallbackService {
+ public:
+  // `metrics` may be null; it must outlive the frontend.
+  static Result<std::unique_ptr<Frontend>> create(FrontendConfig config, Metrics* metrics);
+  ~Frontend() override;
+
+  // Polls the workers once (so the first requests find them), then keeps polling.
+  void start();
+  void stop();
+  // New requests get UNAVAILABLE; requests in flight continue.
+  void set_draining() { draining_ = true; }
+  int32_t n_in_flight() const { return scheduler_->n_admitted(); }
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* context,
+                                                           const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+
+ private:
+  explicit Frontend(Metrics* metrics) : metrics_(metrics) {}
+  void update_gauges();
+
+  Metrics* metrics_;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ServedModel model_;
+  SteadyClock clock_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> draining_{false};
+  FrontendContext context_;
+};
+
+}  // namespace baton

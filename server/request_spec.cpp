@@ -1,0 +1,106 @@
+#include "server/request_spec.h"
+
+#include "proto/convert.h"
+
+#include <cmath>
+
+namespace baton {
+namespace {
+
+constexpr size_t kMaxRequestIdBytes = 128;
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+bool printable_ascii(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c < 0x21 || c > 0x7E) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const ServedModel& m,
+                                        const std::string& generated_id) {
+  GenerateSpec spec;
+  spec.request_id = r.request_id().empty() ? generated_id : r.request_id();
+  if (spec.request_id.size() > kMaxRequestIdBytes || !printable_ascii(spec.request_id)) {
+    return invalid_argument("request_id must be at most 128 printable ASCII characters without spaces");
+  }
+  if (!r.model().empty() && r.model() != m.name) {
+    return Status(StatusCode::kNotFound, "model '" + r.model() + "' is not served here (ListModels: '" + m.name + "')");
+  }
+  const int n_forms = (r.prompt().empty() ? 0 : 1) + (r.prompt_token_ids_size() > 0 ? 1 : 0) + (r.messages_size() > 0 ? 1 : 0);
+  if (n_forms == 0) {
+    return invalid_argument("the prompt is empty: set one of prompt, prompt_token_ids or messages");
+  }
+  if (n_forms > 1) {
+    return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
+  }
+  if (!r.prompt().empty()) {
+    auto ids = m.tokenizer->encode(r.prompt(), /*parse_special=*/true);
+    if (!ids.ok()) return invalid_argument("prompt: " + ids.status().message());
+    spec.prompt_ids = std::move(*ids);
+    if (m.tokenizer->add_bos()) spec.prompt_ids.insert(spec.prompt_ids.begin(), m.tokenizer->bos_id());
+  } else if (r.prompt_token_ids_size() > 0) {
+    for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
+      const int32_t id = r.prompt_token_ids(i);
+      if (id < 0 || id >= m.config.n_vocab) {
+        return invalid_argument("prompt_token_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
+                                " is outside the vocabulary [0, " + std::to_string(m.config.n_vocab) + ")");
+      }
+      spec.prompt_ids.push_back(id);
+    }
+  } else {
+    if (!m.chat_template) {
+      return invalid_argument("messages: this model has no chat template baton knows; send prompt text instead");
+    }
+    std::vector<ChatMessage> messages;
+    for (int i = 0; i < r.messages_size(); ++i) {
+      const auto& msg = r.messages(i);
+      if (msg.role() != "system" && msg.role() != "user" && msg.role() != "assistant") {
+        return invalid_argument("messages[" + std::to_string(i) + "].role must be system, user or assistant, got '" +
+                                msg.role() + "'");
+      }
+      messages.push_back({msg.role(), msg.content()});
+    }
+    auto ids = m.tokenizer->encode(m.chat_template->render(messages, /*add_generation_prompt=*/true), true);
+    if (!ids.ok()) return invalid_argument("messages: " + ids.status().message());
+    spec.prompt_ids = std::move(*ids);
+  }
+  if (spec.prompt_ids.empty()) return invalid_argument("the prompt is empty after tokenization");
+
+  if (r.max_tokens() <= 0) return invalid_argument("max_tokens must be >= 1, got " + std::to_string(r.max_tokens()));
+  const int64_t total = static_cast<int64_t>(spec.prompt_ids.size()) + r.max_tokens();
+  if (total > m.config.n_ctx) {
+    return invalid_argument("max_tokens " + std::to_string(r.max_tokens()) + " + prompt " +
+                            std::to_string(spec.prompt_ids.size()) + " tokens exceeds the context of " +
+                            std::to_string(m.config.n_ctx) + " tokens");
+  }
+  spec.max_tokens = r.max_tokens();
+
+  spec.sampling = sampling_from_proto(r.sampling());
+  if (Status st = validate_sampling(spec.sampling); !st.ok()) return invalid_argument("sampling." + st.message());
+
+  if (static_cast<size_t>(r.stop_size()) > kMaxStopStrings) {
+    return invalid_argument("stop: at most " + std::to_string(kMaxStopStrings) + " stop strings");
+  }
+  for (int i = 0; i < r.stop_size(); ++i) {
+    if (r.stop(i).empty() || r.stop(i).size() > kMaxStopBytes) {
+      return invalid_argument("stop[" + std::to_string(i) + "] must be 1 to 256 bytes");
+    }
+    spec.stop.push_back(r.stop(i));
+  }
+  spec.ignore_eos = r.ignore_eos();
+  spec.priority = r.priority();
+  return spec;
+}
+
+v1::ModelInfo model_info(const ServedModel& m) {
+  v1::ModelInfo info;
+  model_info_to_proto(m.name, m.config, m.fingerprint, m.chat_template ? chat_template_name(m.chat_template->kind()) : "",
+                      &info);
+  return info;
+}
+
+}  // namespace baton

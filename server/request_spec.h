@@ -1,0 +1,43 @@
+// A validated Generate request in baton's own types (protobuf stops here: the scheduler and the
+// call pipeline see only GenerateSpec). Every bad field gives INVALID_ARGUMENT naming it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "baton/v1/generate.pb.h"
+#include "common/status.h"
+#include "model/chat_template.h"
+#include "model/config.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+namespace baton {
+
+struct GenerateSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+};
+
+// What validation needs to know about the served model.
+struct ServedModel {
+  std::string name;
+  ModelConfig config;
+  std::string fingerprint;
+  const Tokenizer* tokenizer = nullptr;
+  std::optional<ChatTemplate> chat_template;  // absent when the model has none baton knows
+};
+
+// `generated_id` is used when the request carries no id.
+Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& request, const ServedModel& model,
+                                        const std::string& generated_id);
+
+v1::ModelInfo model_info(const ServedModel& model);
+
+}  // namespace baton

@@ -1,0 +1,390 @@
+#include "server/serve_commands.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/metrics.h"
+#include "decode_worker/decode_engine.h"
+#include "decode_worker/decode_service.h"
+#include "kv/tcp/tcp_transport.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "prefill_worker/prefill_engine.h"
+#include "prefill_worker/prefill_service.h"
+#include "server/engine_commands.h"
+#include "server/frontend.h"
+
+namespace baton {
+namespace {
+
+struct ServeArgs {
+  std::string role;
+  std::string model;
+  std::string listen = "0.0.0.0:50051";
+  std::string metrics_listen;  // "" = no metrics endpoint
+  int threads = 0;
+  std::string dtype = "bf16";
+  std::string kv_dtype = "f32";
+  int block_size = 16;
+  int kv_blocks = 0;
+  // frontend
+  std::string prefill_addresses, prefill_dns, decode_addresses, decode_dns;
+  int max_requests = 256;
+  int64_t max_queued_prompt_tokens = 256 * 1024;
+  std::string chat_template;
+  // prefill
+  int prefill_token_budget = 2048;
+  // decode
+  int max_batch = 32;
+  // local
+  int n_prefill_workers = 1;
+  int n_decode_workers = 1;
+  std::string log_level = "info";
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
+
+DType dtype_of(const std::string& s) { return s == "f32" ? DType::kF32 : (s == "f16" ? DType::kF16 : DType::kBF16); }
+
+// A loaded model with its own backend (Model::forward is not reentrant: one per engine).
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Result<LoadedModel> load_model(const ServeArgs& a) {
+  LoadedModel m;
+  BackendOptions bo;
+  bo.dtype = dtype_of(a.dtype);
+  bo.n_threads = a.threads;
+  std::string error;
+  m.backend = make_backend(bo, &error);
+  if (!m.backend) return invalid_argument(error);
+  BATON_ASSIGN_OR_RETURN(m.file, GgufFile::open(a.model));
+  BATON_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.file));
+  BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend));
+  return m;
+}
+
+// A gRPC server with health checking (grpc.health.v1) and reflection.
+class RpcServer {
+ public:
+  static Result<std::unique_ptr<RpcServer>> start(const std::string& listen, const std::vector<grpc::Service*>& services) {
+    static const bool plugins = [] {
+      grpc::EnableDefaultHealthCheckService(true);
+      grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+      return true;
+    }();
+    (void)plugins;
+    auto s = std::unique_ptr<RpcServer>(new RpcServer());
+    grpc::ServerBuilder b;
+    b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+    b.SetMaxReceiveMessageSize(-1);
+    b.SetMaxSendMessageSize(-1);
+    for (grpc::Service* svc : services) b.RegisterService(svc);
+    s->server_ = b.BuildAndStart();
+    if (!s->server_ || s->port_ == 0) return unavailable("cannot listen on '" + listen + "' (in use, or a bad address)");
+    s->server_->GetHealthCheckService()->SetServingStatus(true);
+    return s;
+  }
+  int port() const { return port_; }
+  void set_not_serving() { server_->GetHealthCheckService()->SetServingStatus(false); }
+  void shutdown(std::chrono::seconds grace) { server_->Shutdown(std::chrono::system_clock::now() + grace); }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Blocks until SIGINT or SIGTERM.
+void wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+}
+
+// Signals are taken by wait_for_signal() only: block them before any thread starts.
+void block_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+struct DecodeRole {
+  LoadedModel m;
+  std::unique_ptr<DecodeEngine> engine;
+  std::unique_ptr<DecodeService> service;
+  std::unique_ptr<RpcServer> server;
+};
+
+Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::string& listen, Metrics* metrics) {
+  auto r = std::make_unique<DecodeRole>();
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
+  DecodeConfig dc;
+  dc.max_batch = a.max_batch;
+  dc.block_size = a.block_size;
+  dc.kv_dtype = dtype_of(a.kv_dtype);
+  const int64_t ctx = r->m.model->config().n_ctx;
+  // Default: room for 8 full-context sequences.
+  dc.n_blocks = a.kv_blocks > 0 ? a.kv_blocks : static_cast<int>(8 * ((ctx + a.block_size - 1) / a.block_size));
+  dc.name = listen;
+  BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
+  r->engine->start();
+  r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model);
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}));
+  return r;
+}
+
+struct PrefillRole {
+  LoadedModel m;
+  std::unique_ptr<TcpKvTransport> transport;
+  std::unique_ptr<PrefillEngine> engine;
+  std::unique_ptr<PrefillService> service;
+  std::unique_ptr<RpcServer> server;
+};
+
+Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, Metrics* metrics) {
+  auto r = std::make_unique<PrefillRole>();
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
+  PrefillConfig pc;
+  pc.token_budget = a.prefill_token_budget;
+  pc.block_size = a.block_size;
+  pc.kv_dtype = dtype_of(a.kv_dtype);
+  pc.n_blocks = a.kv_blocks;
+  pc.name = listen;
+  BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
+  r->transport = std::make_unique<TcpKvTransport>();
+  r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
+  r->engine->start();
+  r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}));
+  return r;
+}
+
+struct FrontendRole {
+  std::unique_ptr<Frontend> frontend;
+  std::unique_ptr<RpcServer> server;
+};
+
+Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const std::string& listen,
+                                                     std::vector<std::string> prefill, std::vector<std::string> decode,
+                                                     Metrics* metrics) {
+  FrontendConfig fc;
+  fc.model_path = a.model;
+  fc.name = listen;
+  fc.chat_template = a.chat_template;
+  fc.workers.prefill_addresses = std::move(prefill);
+  fc.workers.prefill_dns = a.prefill_dns;
+  fc.workers.decode_addresses = std::move(decode);
+  fc.workers.decode_dns = a.decode_dns;
+  fc.scheduler.max_requests = a.max_requests;
+  fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
+  auto r = std::make_unique<FrontendRole>();
+  BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
+  r->frontend->start();
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get()}));
+  return r;
+}
+
+void init_logging(const ServeArgs& a) {
+  spdlog::set_level(spdlog::level::from_str(a.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+}
+
+int run_serve(const ServeArgs& a) {
+  block_signals();
+  init_logging(a);
+  Metrics metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (!a.metrics_listen.empty()) {
+    auto ms = MetricsServer::start(a.metrics_listen, metrics.registry());
+    if (!ms.ok()) return fail(ms.status());
+    metrics_server = std::move(*ms);
+  }
+  if (a.role == "decode") {
+    auto r = start_decode(a, a.listen, &metrics);
+    if (!r.ok()) return fail(r.status());
+    spdlog::info("decode worker serving on port {}", (*r)->server->port());
+    wait_for_signal();
+    (*r)->service->set_draining(true);
+    (*r)->server->set_not_serving();
+    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->engine->stop();
+  } else if (a.role == "prefill") {
+    auto r = start_prefill(a, a.listen, &metrics);
+    if (!r.ok()) return fail(r.status());
+    spdlog::info("prefill worker serving on port {}", (*r)->server->port());
+    wait_for_signal();
+    (*r)->server->set_not_serving();
+    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->engine->stop();
+  } else {
+    auto r = start_frontend(a, a.listen, split_list(a.prefill_addresses), split_list(a.decode_addresses), &metrics);
+    if (!r.ok()) return fail(r.status());
+    spdlog::info("frontend serving on port {}", (*r)->server->port());
+    wait_for_signal();
+    (*r)->frontend->set_draining();
+    (*r)->server->set_not_serving();
+    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->frontend->stop();
+  }
+  return 0;
+}
+
+int run_local(const ServeArgs& a) {
+  block_signals();
+  init_logging(a);
+  Metrics metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (!a.metrics_listen.empty()) {
+    auto ms = MetricsServer::start(a.metrics_listen, metrics.registry());
+    if (!ms.ok()) return fail(ms.status());
+    metrics_server = std::move(*ms);
+  }
+  std::vector<std::unique_ptr<DecodeRole>> decoders;
+  std::vector<std::unique_ptr<PrefillRole>> prefillers;
+  std::vector<std::string> decode_addrs, prefill_addrs;
+  for (int i = 0; i < a.n_decode_workers; ++i) {
+    auto r = start_decode(a, "127.0.0.1:0", &metrics);
+    if (!r.ok()) return fail(r.status());
+    decode_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
+    decoders.push_back(std::move(*r));
+  }
+  for (int i = 0; i < a.n_prefill_workers; ++i) {
+    auto r = start_prefill(a, "127.0.0.1:0", &metrics);
+    if (!r.ok()) return fail(r.status());
+    prefill_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
+    prefillers.push_back(std::move(*r));
+  }
+  auto fe = start_frontend(a, a.listen, prefill_addrs, decode_addrs, &metrics);
+  if (!fe.ok()) return fail(fe.status());
+  spdlog::info("baton local: frontend on port {}, {} prefill and {} decode workers", (*fe)->server->port(),
+               prefillers.size(), decoders.size());
+  // Scripts read the port from this line (useful with --listen 127.0.0.1:0).
+  std::printf("listening on port %d\n", (*fe)->server->port());
+  std::fflush(stdout);
+  wait_for_signal();
+  (*fe)->frontend->set_draining();
+  (*fe)->server->set_not_serving();
+  (*fe)->server->shutdown(std::chrono::seconds(30));
+  (*fe)->frontend->stop();
+  for (auto& p : prefillers) {
+    p->server->shutdown(std::chrono::seconds(5));
+    p->engine->stop();
+  }
+  for (auto& d : decoders) {
+    d->server->shutdown(std::chrono::seconds(5));
+    d->engine->stop();
+  }
+  return 0;
+}
+
+// The engines of `baton local` share the cores: with OpenMP's default spin-waiting, a thread of
+// one engine's team burns the core another engine's team needs. libgomp reads its wait policy
+// when the program starts, so `local` re-executes itself once with OMP_WAIT_POLICY=PASSIVE.
+void ensure_passive_openmp(int argc, char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  std::vector<char*> args(argv, argv + argc);
+  args.push_back(nullptr);
+  execv("/proc/self/exe", args.data());
+  // execv failed: carry on with spinning threads (slower, still correct).
+}
+
+void add_common_flags(CLI::App* c, ServeArgs& a) {
+  c->add_option("--model", a.model, "GGUF model file")->required()->envname("BATON_MODEL");
+  c->add_option("--listen", a.listen, "gRPC listen address host:port")->envname("BATON_LISTEN");
+  c->add_option("--metrics-listen", a.metrics_listen, "Prometheus /metrics address host:port")
+      ->envname("BATON_METRICS_LISTEN");
+  c->add_option("--threads", a.threads, "CPU threads per engine (0: all cores)")->envname("BATON_THREADS");
+  c->add_option("--dtype", a.dtype, "GEMM compute type")->check(CLI::IsMember({"f32", "bf16"}))->envname("BATON_DTYPE");
+  c->add_option("--kv-dtype", a.kv_dtype, "KV cache type")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->envname("BATON_KV_DTYPE");
+  c->add_option("--block-size", a.block_size, "KV block size in tokens")->check(CLI::Range(1, 4096))->envname("BATON_BLOCK_SIZE");
+  c->add_option("--kv-blocks", a.kv_blocks, "KV blocks per worker (0: automatic)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("BATON_KV_BLOCKS");
+  c->add_option("--prefill-addresses", a.prefill_addresses, "Frontend: prefill workers, host:port,...")
+      ->envname("BATON_PREFILL_ADDRESSES");
+  c->add_option("--prefill-dns", a.prefill_dns, "Frontend: host:port resolving to every prefill worker")
+      ->envname("BATON_PREFILL_DNS");
+  c->add_option("--decode-addresses", a.decode_addresses, "Frontend: decode workers, host:port,...")
+      ->envname("BATON_DECODE_ADDRESSES");
+  c->add_option("--decode-dns", a.decode_dns, "Frontend: host:port resolving to every decode worker")
+      ->envname("BATON_DECODE_DNS");
+  c->add_option("--max-requests", a.max_requests, "Frontend: admitted requests bound")
+      ->check(CLI::PositiveNumber)
+      ->envname("BATON_MAX_REQUESTS");
+  c->add_option("--max-queued-prompt-tokens", a.max_queued_prompt_tokens, "Frontend: queued prompt tokens bound")
+      ->check(CLI::PositiveNumber)
+      ->envname("BATON_MAX_QUEUED_PROMPT_TOKENS");
+  c->add_option("--chat-template", a.chat_template, "chatml | llama3 (default: from the model)")
+      ->envname("BATON_CHAT_TEMPLATE");
+  c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->envname("BATON_PREFILL_TOKEN_BUDGET");
+  c->add_option("--max-batch", a.max_batch, "Decode: most sequences per step")
+      ->check(CLI::Range(1, 4096))
+      ->envname("BATON_MAX_BATCH");
+  c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->envname("BATON_LOG_LEVEL");
+}
+
+}  // namespace
+
+void add_serve_commands(CLI::App& app, std::function<int()>* run, int argc, char** argv) {
+  auto serve = std::make_shared<ServeArgs>();
+  CLI::App* s = app.add_subcommand("serve", "Run one role: frontend, prefill or decode worker");
+  s->add_option("--role", serve->role, "frontend | prefill | decode")
+      ->required()
+      ->check(CLI::IsMember({"frontend", "prefill", "decode"}))
+      ->envname("BATON_ROLE");
+  add_common_flags(s, *serve);
+  s->callback([serve, run] { *run = [serve] { return run_serve(*serve); }; });
+
+  auto local = std::make_shared<ServeArgs>();
+  local->listen = "127.0.0.1:50051";
+  CLI::App* l = app.add_subcommand("local", "All roles in one process over loopback gRPC (one /metrics)");
+  add_common_flags(l, *local);
+  l->add_option("--prefill-workers", local->n_prefill_workers, "Prefill workers")->check(CLI::Range(1, 64));
+  l->add_option("--decode-workers", local->n_decode_workers, "Decode workers")->check(CLI::Range(1, 64));
+  l->callback([local, run, argc, argv] {
+    ensure_passive_openmp(argc, argv);
+    *run = [local] { return run_local(*local); };
+  });
+}
+
+}  // namespace baton

@@ -1,0 +1,205 @@
+"""Disaggregated serving over real processes on loopback (frontend → prefill → tcp KV → decode),
+on the random test model: outputs equal single-process `baton generate`, cancellation and
+deadlines free the KV blocks, overload is refused quickly, bad fields are named, /metrics is
+valid Prometheus text whose counts match the requests sent."""
+
+import concurrent.futures
+import random
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from serving_harness import metric_values
+
+
+def reference_ids(baton_bin, model, prompt_ids, max_tokens, temperature=0.0, seed=0, top_k=0, top_p=1.0):
+    out = subprocess.run(
+        [str(baton_bin), "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt_ids)),
+         "--max-tokens", str(max_tokens), "--print-ids", "--ignore-eos", "--dtype", "f32",
+         "--temperature", str(temperature), "--seed", str(seed), "--top-k", str(top_k), "--top-p", str(top_p)],
+        check=True, capture_output=True, text=True, timeout=120)
+    return [int(x) for x in out.stdout.strip().split(",") if x]
+
+
+def generate(pb, address, timeout=120, metadata=None, **fields):
+    sampling = fields.pop("sampling", None)
+    req = pb.gen.GenerateRequest(**fields)
+    if sampling:
+        req.sampling.CopyFrom(pb.gen.SamplingParams(**sampling))
+    with grpc.insecure_channel(address) as ch:
+        stub = pb.gen_grpc.GenerationStub(ch)
+        msgs = list(stub.Generate(req, timeout=timeout, metadata=metadata))
+    ids = [t for m in msgs for t in m.token_ids]
+    final = msgs[-1].final if msgs and msgs[-1].HasField("final") else None
+    return ids, final, msgs
+
+
+@pytest.fixture(scope="module")
+def rng():
+    seed = random.randrange(1 << 30)
+    print(f"random seed {seed}")
+    return random.Random(seed)
+
+
+def test_disaggregated_equals_single_process(pb, baton_bin, test_model, server_factory, rng):
+    # A small prefill budget makes the longer prompts chunk across steps.
+    srv = server_factory(test_model, "--dtype", "f32", "--prefill-token-budget", "48")
+    cases = [[rng.randrange(3, 275) for _ in range(n)] for n in (5, 40, 130, 300)]
+    for prompt in cases:
+        want = reference_ids(baton_bin, test_model, prompt, 12)
+        got, final, _ = generate(pb, srv.address, prompt_token_ids=prompt, max_tokens=12, ignore_eos=True)
+        assert got == want, f"prompt of {len(prompt)} tokens"
+        assert final.usage.prompt_tokens == len(prompt)
+        assert final.usage.completion_tokens == 12
+        assert final.finish_reason == pb.gen.FINISH_REASON_LENGTH
+    # Seeded sampling continues the same random stream across the prefill → decode hand-off.
+    prompt = cases[1]
+    want = reference_ids(baton_bin, test_model, prompt, 16, temperature=0.9, seed=42, top_k=50, top_p=0.95)
+    got, _, _ = generate(pb, srv.address, prompt_token_ids=prompt, max_tokens=16, ignore_eos=True,
+                         sampling=dict(temperature=0.9, seed=42, top_k=50, top_p=0.95))
+    assert got == want
+
+
+def test_sixteen_concurrent_requests_batch_together(pb, baton_bin, test_model, server_factory, rng):
+    srv = server_factory(test_model, "--dtype", "f32")
+    prompts = [[rng.randrange(3, 275) for _ in range(rng.randrange(3, 60))] for _ in range(16)]
+    wants = [reference_ids(baton_bin, test_model, p, 10) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futs = [pool.submit(generate, pb, srv.address, prompt_token_ids=p, max_tokens=10, ignore_eos=True)
+                for p in prompts]
+        gots = [f.result()[0] for f in futs]
+    assert gots == wants
+
+
+def wait_blocks_free(srv, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = srv.metrics()
+        free = metric_values(text, "baton_kv_blocks_free")
+        total = metric_values(text, "baton_kv_blocks_capacity")
+        decode_free = {k: v for k, v in free.items() if 'role="decode"' in k}
+        decode_total = {k: v for k, v in total.items() if 'role="decode"' in k}
+        if decode_free and decode_free == decode_total:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_cancel_mid_stream_frees_blocks(pb, test_model, server_factory):
+    srv = server_factory(test_model)
+    with grpc.insecure_channel(srv.address) as ch:
+        stub = pb.gen_grpc.GenerationStub(ch)
+        call = stub.Generate(pb.gen.GenerateRequest(prompt_token_ids=[5, 6, 7], max_tokens=900, ignore_eos=True))
+        got = 0
+        for msg in call:
+            got += len(msg.token_ids)
+            if got >= 5:
+                call.cancel()
+                break
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in call:
+                pass
+        assert err.value.code() == grpc.StatusCode.CANCELLED
+    assert wait_blocks_free(srv), "decode KV blocks did not return to the total after a cancel"
+
+
+def test_deadline_exceeded_frees_blocks(pb, test_model, server_factory):
+    srv = server_factory(test_model)
+    with pytest.raises(grpc.RpcError) as err:
+        generate(pb, srv.address, timeout=0.5, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_blocks_free(srv), "decode KV blocks did not return to the total after a deadline"
+
+
+def test_overload_is_refused_quickly(pb, test_model, server_factory):
+    srv = server_factory(test_model, "--max-requests", "3")
+
+    def one():
+        t0 = time.time()
+        try:
+            ids, _, _ = generate(pb, srv.address, prompt_token_ids=[9, 10, 11], max_tokens=200, ignore_eos=True)
+            return "ok", time.time() - t0, len(ids)
+        except grpc.RpcError as e:
+            return e.code(), time.time() - t0, 0
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda _: one(), range(12)))
+    refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    done = [r for r in results if r[0] == "ok"]
+    assert refused, f"no request was refused: {results}"
+    assert done, f"no request completed: {results}"
+    assert len(refused) + len(done) == len(results), results
+    assert all(n == 200 for _, _, n in done)
+    assert max(t for _, t, _ in refused) < 2.0, "refusals must come at once"
+
+
+@pytest.mark.parametrize("fields,name", [
+    (dict(max_tokens=5), "prompt"),
+    (dict(prompt="hi", prompt_token_ids=[1, 2], max_tokens=5), "only one"),
+    (dict(prompt_token_ids=[1, 100000], max_tokens=5), "prompt_token_ids[1]"),
+    (dict(prompt="hello", max_tokens=0), "max_tokens"),
+    (dict(prompt="hello", max_tokens=5000), "max_tokens"),
+    (dict(prompt="hello", max_tokens=5, sampling=dict(temperature=-1)), "temperature"),
+    (dict(prompt="hello", max_tokens=5, sampling=dict(top_p=0.0)), "top_p"),
+    (dict(prompt="hello", max_tokens=5, sampling=dict(top_p=1.5)), "top_p"),
+    (dict(prompt="hello", max_tokens=5, messages=[dict(role="user", content="x")]), "only one"),
+])
+def test_bad_fields_are_named(pb, shared_server, fields, name):
+    srv = shared_server
+    msgs = fields.pop("messages", None)
+    if msgs:
+        fields["messages"] = [pb.gen.ChatMessage(**m) for m in msgs]
+    with pytest.raises(grpc.RpcError) as err:
+        generate(pb, srv.address, **fields)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert name in err.value.details()
+
+
+def test_unknown_model_is_not_found(pb, shared_server):
+    srv = shared_server
+    with pytest.raises(grpc.RpcError) as err:
+        generate(pb, srv.address, model="no-such-model", prompt="hi", max_tokens=3)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(srv.address) as ch:
+        models = pb.gen_grpc.GenerationStub(ch).ListModels(pb.gen.ListModelsRequest()).models
+    assert len(models) == 1 and models[0].vocab_size == 275 and models[0].context_length == 1024
+
+
+def test_metrics_are_valid_and_count_requests(pb, test_model, server_factory, tmp_path):
+    srv = server_factory(test_model)
+    n = 5
+    for i in range(n):
+        generate(pb, srv.address, prompt_token_ids=[7 + i, 8, 9], max_tokens=4, ignore_eos=True)
+    with pytest.raises(grpc.RpcError):
+        generate(pb, srv.address, prompt="", max_tokens=4)
+    text = srv.metrics()
+    path = tmp_path / "metrics.txt"
+    path.write_text(text)
+    check = subprocess.run(["promtool", "check", "metrics"], stdin=open(path), capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    ttft = metric_values(text, "baton_time_to_first_token_seconds_count")
+    e2e = metric_values(text, "baton_request_e2e_seconds_count")
+    prefill = metric_values(text, "baton_request_prefill_seconds_count")
+    transfer = metric_values(text, "baton_kv_transfer_seconds_count")
+    assert sum(ttft.values()) == n
+    assert sum(e2e.values()) == n
+    assert sum(prefill.values()) == n
+    assert sum(transfer.values()) == n
+    assert all('destination="' in k for k in transfer)
+    codes = metric_values(text, "baton_requests_total")
+    assert codes.get('{code="OK"}') == n
+    assert codes.get('{code="INVALID_ARGUMENT"}') == 1
+    assert sum(metric_values(text, "baton_generation_tokens_total").values()) == 4 * n
+
+
+def test_timing_breakdown_is_consistent(pb, shared_server):
+    srv = shared_server
+    _, final, msgs = generate(pb, srv.address, prompt_token_ids=list(range(3, 100)), max_tokens=8, ignore_eos=True)
+    t = final.timing
+    assert t.ttft_seconds >= t.queue_seconds + t.prefill_seconds - 1e-6
+    assert t.e2e_seconds >= t.ttft_seconds
+    assert t.prefill_seconds > 0 and t.kv_transfer_seconds > 0
+    assert final.prefill_worker and final.decode_worker
+    assert len(msgs[0].token_ids) == 1  # the first token comes alone, straight from the prefill worker

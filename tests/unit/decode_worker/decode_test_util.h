@@ -1,0 +1,221 @@
+// Shared by the decode worker's tests: the random test model loaded twice (the engine's and the
+// test's own, which plays the prefill worker and runs the single-process reference), a prefill
+// that exports KV as a prefill worker would, and a Stream-like event collector.
+#pragma once
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/metrics.h"
+#include "decode_worker/decode_engine.h"
+#include "kv/block_pool.h"
+#include "model/batch.h"
+#include "model/generator.h"
+#include "model/test_model.h"
+#include "model/tokenizer.h"
+#include "tests/unit/test_model_fixture.h"
+
+namespace baton::decode_test {
+
+using namespace std::chrono_literals;
+
+using LoadedModel = testing::LoadedTestModel;
+
+// The engine gets its own model: Model::forward is not reentrant, and the test prefills and runs
+// the reference Generator on `ref` while the engine thread decodes.
+struct Fixture {
+  explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr) {
+    auto tok = Tokenizer::from_gguf(*ref.file);
+    REQUIRE(tok.ok());
+    stop_ids = (*tok)->stop_ids();
+    REQUIRE(!stop_ids.empty());
+    DecodeConfig cfg;
+    cfg.n_blocks = n_blocks;
+    cfg.block_size = 8;
+    cfg.max_batch = max_batch;
+    cfg.name = "test-decode";
+    auto e = DecodeEngine::create(*dec.model, stop_ids, cfg, metrics);
+    REQUIRE(e.ok());
+    engine = std::move(*e);
+    engine->start();
+  }
+  int vocab() const { return ref.model->config().n_vocab; }
+  const std::string& fingerprint() const { return ref.model->fingerprint(); }
+
+  LoadedModel ref;
+  LoadedModel dec;
+  std::vector<int32_t> stop_ids;
+  std::unique_ptr<DecodeEngine> engine;
+};
+
+// Fresh randomness each run (test thread only).
+inline uint32_t rnd() {
+  static std::mt19937 r(std::random_device{}());
+  return r();
+}
+
+inline std::vector<int32_t> random_prompt(int n, int vocab) {
+  std::vector<int32_t> p(n);
+  for (int32_t& t : p) t = static_cast<int32_t>(rnd() % vocab);
+  return p;
+}
+
+// What a prefill worker hands over.
+struct Transfer {
+  KvTransferHeader header;
+  std::vector<KvChunk> chunks;
+};
+
+// Prefills `prompt` in a cache of its own, samples the first token as the prefill worker does (a
+// fresh Sampler's first draw) and exports every layer in chunks of `chunk_tokens`.
+inline Transfer prefill(Model& model, const std::string& id, const std::vector<int32_t>& prompt,
+                        const SamplingParams& sampling, int chunk_tokens) {
+  const ModelConfig& c = model.config();
+  const int n = static_cast<int>(prompt.size());
+  BlockPool pool(64, 16);
+  auto cache = model.make_kv_cache(pool.n_total(), pool.block_size(), DType::kF32);
+  std::vector<int32_t> table;
+  REQUIRE(pool.grow_to(table, n));
+  StepBatch batch;
+  batch.add(prompt, 0, table, Logits::kLast);
+  std::vector<float> logits;
+  model.forward(batch, *cache, &logits);
+  Sampler sampler(sampling);
+
+  Transfer t;
+  KvTransferHeader& h = t.header;
+  h.request_id = id;
+  h.model_fingerprint = model.fingerprint();
+  h.dtype = "f32";
+  h.n_layers = c.n_layers;
+  h.n_kv_heads = c.n_kv_heads;
+  h.head_dim = c.head_dim;
+  h.n_tokens = n;
+  h.first_token = sampler.sample(logits);
+  h.token_ids = prompt;
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    for (int s = 0; s < n; s += chunk_tokens) {
+      KvChunk ch;
+      ch.layer = layer;
+      ch.token_start = s;
+      ch.token_count = std::min(chunk_tokens, n - s);
+      ch.k.resize(static_cast<size_t>(kv_chunk_bytes(h, ch.token_count)));
+      ch.v.resize(ch.k.size());
+      model.backend().kv_export(*cache, layer, table.data(), s, ch.token_count, ch.k.data(), ch.v.data());
+      ch.checksum = kv_checksum(ch.k, ch.v);
+      t.chunks.push_back(std::move(ch));
+    }
+  }
+  pool.release(table);
+  return t;
+}
+
+// Drives a receiver as a transport would: the first refusal aborts the transfer.
+inline Status send(KvReceiver& r, const Transfer& t) {
+  Status st = r.kv_begin(t.header);
+  if (!st.ok()) return st;
+  for (const KvChunk& c : t.chunks) {
+    st = r.kv_chunk(t.header.request_id, c);
+    if (!st.ok()) break;
+  }
+  if (st.ok()) st = r.kv_end(t.header.request_id);
+  if (!st.ok()) r.kv_abort(t.header.request_id);
+  return st;
+}
+
+// A Stream subscriber: collects events, lets the test wait for the final one.
+struct Collector {
+  DecodeSink sink() {
+    return [this](const DecodeOutput& o) {
+      std::lock_guard lk(mu);
+      if (done) event_after_done = true;  // checked by the test thread (Catch2 asserts are not thread-safe)
+      tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      if (n_events == 0) {
+        first_kv_transfer_seconds = o.kv_transfer_seconds;
+        first_decode_queue_seconds = o.decode_queue_seconds;
+      }
+      ++n_events;
+      if (o.done) {
+        done = true;
+        status = o.status;
+        finish_reason = o.finish_reason;
+      }
+      cv.notify_all();
+    };
+  }
+  bool wait_done(std::chrono::milliseconds timeout = 30s) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, timeout, [&] { return done; });
+  }
+  bool wait_tokens(size_t n, std::chrono::milliseconds timeout = 30s) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, timeout, [&] { return tokens.size() >= n || done; });
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  int n_events = 0;
+  bool done = false;
+  bool event_after_done = false;
+  Status status;
+  std::string finish_reason;
+  double first_kv_transfer_seconds = -1;
+  double first_decode_queue_seconds = -1;
+};
+
+inline DecodeAdmit admit_for(const Fixture& fx, const std::string& id, int n_prompt, int max_tokens,
+                             const SamplingParams& sp, bool ignore_eos = false) {
+  DecodeAdmit a;
+  a.request_id = id;
+  a.n_prompt_tokens = n_prompt;
+  a.max_tokens = max_tokens;
+  a.sampling = sp;
+  a.ignore_eos = ignore_eos;
+  a.model_fingerprint = fx.fingerprint();
+  return a;
+}
+
+inline GenerateResult reference(Fixture& fx, const std::vector<int32_t>& prompt, int max_tokens,
+                                const SamplingParams& sp, bool ignore_eos = false) {
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling = sp;
+  opt.stop_ids = fx.stop_ids;
+  opt.ignore_eos = ignore_eos;
+  Generator gen(*fx.ref.model);
+  auto r = gen.generate(prompt, opt);
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+inline SamplingParams seeded() {
+  return SamplingParams{1.0f, static_cast<int>(rnd() % 3) * 20, 0.95f, static_cast<uint64_t>(rnd()) << 32 | rnd()};
+}
+
+inline bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+inline void check_all_free(DecodeEngine& e) {
+  // Blocks come back when the engine thread finishes a sequence; the final event may precede it
+  // by nothing, but a deferred free (an import in flight) can lag a moment.
+  CHECK(wait_for([&] { return e.load().free_blocks == e.load().total_blocks; }));
+  const DecodeLoad l = e.load();
+  CHECK(l.free_blocks == l.total_blocks);
+  CHECK(l.n_running == 0);
+  CHECK(l.n_waiting == 0);
+}
+
+}  // namespace baton::decode_test

@@ -1,0 +1,487 @@
+// The prefill step loop on the random test model with an in-process transport that records what
+// it is sent: first tokens equal single-process generation, the KV equals a single-prompt
+// prefill's, whether prompts run alone, chunked or batched; cancellation and transport failures
+// return every block.
+#include "prefill_worker/prefill_engine.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "common/metrics.h"
+#include "model/generator.h"
+#include "model/test_model.h"
+#include "tests/unit/prefill_worker/recording_transport.h"
+#include "tests/unit/test_model_fixture.h"
+
+using namespace baton;
+using baton::testing::Kv;
+using baton::testing::RecordingTransport;
+
+namespace {
+
+struct Fixture : testing::LoadedTestModel {
+  Fixture() : LoadedTestModel(TestModelSpec{}) {}  // untied head (the default): logits depend on the KV
+};
+
+// What the engine told one job, in order.
+struct Probe {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool has_first = false;
+  int32_t first = -1;
+  double queue_s = -1, prefill_s = -1;
+  bool done = false;
+  int n_done = 0;
+  bool first_after_done = false;
+  Status status;
+  int64_t bytes = 0;
+
+  void attach(PrefillJob& job) {
+    job.on_first_token = [this](int32_t t, double q, double p) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done) first_after_done = true;
+      has_first = true;
+      first = t;
+      queue_s = q;
+      prefill_s = p;
+    };
+    job.on_done = [this](const Status& s, double, int64_t b) {
+      // Notified under the lock: the waiter may destroy the probe as soon as it wakes.
+      std::lock_guard<std::mutex> lock(mu);
+      ++n_done;  // checked to be 1: on_done comes exactly once
+      done = true;
+      status = s;
+      bytes = b;
+      cv.notify_all();
+    };
+  }
+  bool wait_done() {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool ok = cv.wait_for(lock, std::chrono::seconds(30), [this] { return done; });
+    return ok && n_done == 1;
+  }
+};
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
+  std::vector<int32_t> p(n);
+  for (int32_t& t : p) t = static_cast<int32_t>(rng() % vocab);
+  return p;
+}
+
+SamplingParams random_sampling(std::mt19937& rng) {
+  SamplingParams s;
+  s.temperature = 0.5f + static_cast<float>(rng() % 100) / 100.0f;
+  s.top_k = static_cast<int>(rng() % 3) * 10;
+  s.seed = rng();
+  return s;
+}
+
+// The single-process reference: first token from Generator, KV from a whole-prompt prefill into
+// a cache of its own.
+struct Reference {
+  int32_t first_token = -1;
+  Kv kv;
+};
+
+Reference reference(Model& model, const std::vector<int32_t>& prompt, const SamplingParams& sampling) {
+  Reference ref;
+  GenerateOptions opt;
+  opt.max_tokens = 1;
+  opt.sampling = sampling;
+  Generator gen(model);
+  auto r = gen.generate(prompt, opt);
+  REQUIRE(r.ok());
+  ref.first_token = r->tokens.at(0);
+
+  const ModelConfig& c = model.config();
+  const int block_size = 16;
+  const int n_blocks = static_cast<int>((prompt.size() + block_size - 1) / block_size);
+  auto cache = model.make_kv_cache(n_blocks, block_size, DType::kF32);
+  std::vector<int32_t> table(n_blocks);
+  for (int i = 0; i < n_blocks; ++i) table[i] = n_blocks - 1 - i;  // not the identity: the table matters
+  StepBatch batch;
+  batch.add(prompt, 0, table, Logits::kLast);
+  std::vector<float> logits;
+  model.forward(batch, *cache, &logits);
+  const size_t layer_bytes = prompt.size() * c.n_kv_heads * c.head_dim * sizeof(float);
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::string k(layer_bytes, '\0'), v(layer_bytes, '\0');
+    model.backend().kv_export(*cache, l, table.data(), 0, static_cast<int32_t>(prompt.size()), k.data(), v.data());
+    ref.kv.k.push_back(std::move(k));
+    ref.kv.v.push_back(std::move(v));
+  }
+  return ref;
+}
+
+double max_abs_diff(const std::string& a, const std::string& b) {
+  REQUIRE(a.size() == b.size());
+  const size_t n = a.size() / sizeof(float);
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float x, y;
+    std::memcpy(&x, a.data() + i * sizeof(float), sizeof(float));
+    std::memcpy(&y, b.data() + i * sizeof(float), sizeof(float));
+    m = std::max(m, static_cast<double>(std::abs(x - y)));
+  }
+  return m;
+}
+
+void check_kv_close(const Kv& got, const Kv& want) {
+  REQUIRE(got.k.size() == want.k.size());
+  for (size_t l = 0; l < want.k.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(max_abs_diff(got.k[l], want.k[l]) <= 1e-4);
+    CHECK(max_abs_diff(got.v[l], want.v[l]) <= 1e-4);
+  }
+}
+
+PrefillJob make_job(const std::string& id, const std::vector<int32_t>& tokens, const SamplingParams& sampling,
+                    Probe& probe) {
+  PrefillJob job;
+  job.request_id = id;
+  job.tokens = tokens;
+  job.sampling = sampling;
+  job.decode_address = "decode-" + id + ":1234";
+  job.model_fingerprint = "fp-test";
+  probe.attach(job);
+  return job;
+}
+
+// Runs steps on the test's thread until none is left to run.
+int run_all_steps(PrefillEngine& engine) {
+  int n = 0;
+  while (engine.run_step_for_test()) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("prefill engine: first token and KV equal a single-prompt prefill", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  const auto prompt = random_prompt(rng, 20 + static_cast<int>(rng() % 100), c.n_vocab);
+  const SamplingParams sampling = random_sampling(rng);
+  const Reference ref = reference(*fx.model, prompt, sampling);
+
+  RecordingTransport transport;
+  Metrics metrics;
+  PrefillConfig config;
+  config.name = "prefill-test";
+  PrefillEngine engine(*fx.model, transport, config, &metrics);
+  engine.start();
+  Probe probe;
+  REQUIRE(engine.submit(make_job("r1", prompt, sampling, probe)).ok());
+  REQUIRE(probe.wait_done());
+  engine.stop();
+
+  INFO(probe.status.to_string());
+  REQUIRE(probe.status.ok());
+  CHECK(probe.has_first);
+  CHECK_FALSE(probe.first_after_done);
+  CHECK(probe.first == ref.first_token);
+  CHECK(probe.queue_s >= 0);
+  CHECK(probe.prefill_s > 0);
+  const auto sent = transport.get("r1");
+  CHECK(sent.address == "decode-r1:1234");
+  CHECK(sent.header.request_id == "r1");
+  CHECK(sent.header.model_fingerprint == "fp-test");
+  CHECK(sent.header.dtype == "f32");
+  CHECK(sent.header.n_layers == c.n_layers);
+  CHECK(sent.header.n_kv_heads == c.n_kv_heads);
+  CHECK(sent.header.head_dim == c.head_dim);
+  CHECK(sent.header.n_tokens == static_cast<int32_t>(prompt.size()));
+  CHECK(sent.header.first_token == ref.first_token);
+  CHECK(sent.header.token_ids == prompt);
+  CHECK(probe.bytes == int64_t{2} * c.n_layers * static_cast<int64_t>(prompt.size()) * c.n_kv_heads * c.head_dim * 4);
+  check_kv_close(sent.kv, ref.kv);
+  CHECK(engine.load().free_blocks == engine.load().total_blocks);
+  const auto labels = Metrics::role_labels("prefill", "prefill-test");
+  CHECK(metrics.histogram(metrics.prefill_step_tokens, labels).Collect().histogram.sample_count == 1);
+  auto transfer_labels = labels;
+  transfer_labels["destination"] = "decode-r1:1234";
+  CHECK(metrics.histogram(metrics.kv_transfer_seconds, transfer_labels).Collect().histogram.sample_count == 1);
+}
+
+TEST_CASE("prefill engine: prompts longer than the budget are chunked, same first token and KV", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  const int budget = 8 + static_cast<int>(rng() % 16);
+  const int n = 3 * budget + 1 + static_cast<int>(rng() % budget);
+  const auto prompt = random_prompt(rng, n, c.n_vocab);
+  const SamplingParams sampling = random_sampling(rng);
+  const Reference ref = reference(*fx.model, prompt, sampling);
+
+  RecordingTransport transport;
+  PrefillConfig config;
+  config.token_budget = budget;
+  config.block_size = 8;
+  // Small chunks (3 tokens of K+V): the hand-off splits every layer into many chunks.
+  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim * 4;
+  config.kv_chunk_bytes = 3 * 2 * row + 5;
+  transport.max_chunk_bytes = config.kv_chunk_bytes;
+  PrefillEngine engine(*fx.model, transport, config);
+  Probe probe;
+  REQUIRE(engine.submit(make_job("long", prompt, sampling, probe)).ok());
+  CHECK(engine.load().queued_prompt_tokens == n);
+  REQUIRE(engine.run_step_for_test());
+  CHECK(engine.load().queued_prompt_tokens == n - budget);  // mid-prompt: counted until prefilled
+  CHECK(engine.load().n_running == 1);
+  CHECK_FALSE(probe.has_first);
+  const int steps = 1 + run_all_steps(engine);
+  CHECK(steps == (n + budget - 1) / budget);
+  CHECK(engine.n_steps() == steps);
+  REQUIRE(probe.wait_done());
+  REQUIRE(probe.status.ok());
+  CHECK(probe.first == ref.first_token);
+  const auto sent = transport.get("long");
+  CHECK(sent.n_chunks == c.n_layers * ((n + 2) / 3));
+  check_kv_close(sent.kv, ref.kv);
+  CHECK(engine.load().free_blocks == engine.load().total_blocks);
+}
+
+TEST_CASE("prefill engine: jobs batched into one step give the results of each alone", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> samplings;
+  std::vector<Reference> refs;
+  int total = 0;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 2 + static_cast<int>(rng() % 40), c.n_vocab));
+    samplings.push_back(random_sampling(rng));
+    refs.push_back(reference(*fx.model, prompts.back(), samplings.back()));
+    total += static_cast<int>(prompts.back().size());
+  }
+
+  for (const bool all_in_one : {true, false}) {
+    DYNAMIC_SECTION((all_in_one ? "one step" : "budget cuts through a prompt")) {
+      RecordingTransport transport;
+      PrefillConfig config;
+      // One step for everything, or a budget that makes a later prompt straddle two steps.
+      config.token_budget = all_in_one ? total : std::max(1, total - static_cast<int>(prompts.back().size()) / 2 - 1);
+      PrefillEngine engine(*fx.model, transport, config);
+      std::vector<Probe> probes(prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        REQUIRE(engine.submit(make_job(std::to_string(i) + "-batched", prompts[i], samplings[i], probes[i])).ok());
+      }
+      REQUIRE(engine.run_step_for_test());
+      if (all_in_one) {
+        for (auto& p : probes) CHECK(p.has_first);  // all first tokens out of the one step
+        CHECK_FALSE(engine.run_step_for_test());
+        CHECK(engine.n_steps() == 1);
+      } else {
+        CHECK_FALSE(probes.back().has_first);
+        CHECK(run_all_steps(engine) >= 1);
+      }
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        INFO("job " << i << " of " << prompts[i].size() << " tokens");
+        REQUIRE(probes[i].wait_done());
+        REQUIRE(probes[i].status.ok());
+        CHECK(probes[i].first == refs[i].first_token);
+        check_kv_close(transport.get(std::to_string(i) + "-batched").kv, refs[i].kv);
+      }
+      CHECK(engine.load().free_blocks == engine.load().total_blocks);
+    }
+  }
+}
+
+TEST_CASE("prefill engine: cancel drops queued, running and sending jobs and returns their blocks", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const int vocab = fx.model->config().n_vocab;
+  RecordingTransport transport;
+  PrefillConfig config;
+  config.token_budget = 16;
+  PrefillEngine engine(*fx.model, transport, config);
+  const SamplingParams greedy;
+
+  SECTION("queued") {
+    Probe a, b;
+    REQUIRE(engine.submit(make_job("a", random_prompt(rng, 10, vocab), greedy, a)).ok());
+    REQUIRE(engine.submit(make_job("b", random_prompt(rng, 10, vocab), greedy, b)).ok());
+    engine.cancel("b");
+    CHECK(b.done);  // at once, before cancel returned
+    CHECK(b.status.code() == StatusCode::kCancelled);
+    CHECK(engine.load().n_queued == 1);
+    CHECK(engine.load().queued_prompt_tokens == 10);
+    run_all_steps(engine);
+    REQUIRE(a.wait_done());
+    CHECK(a.status.ok());
+    CHECK_FALSE(b.has_first);
+    CHECK_FALSE(transport.has("b"));
+  }
+  SECTION("mid-prompt") {
+    Probe a;
+    REQUIRE(engine.submit(make_job("a", random_prompt(rng, 40, vocab), greedy, a)).ok());
+    REQUIRE(engine.run_step_for_test());
+    CHECK(engine.load().free_blocks < engine.load().total_blocks);  // holds blocks for the whole prompt
+    engine.cancel("a");
+    CHECK_FALSE(a.done);  // dropped at the next step boundary
+    REQUIRE(engine.run_step_for_test());
+    CHECK(a.done);
+    CHECK(a.status.code() == StatusCode::kCancelled);
+    CHECK_FALSE(a.has_first);
+    CHECK_FALSE(engine.run_step_for_test());
+    CHECK(engine.n_steps() == 1);
+  }
+  SECTION("during the KV transfer") {
+    transport.close_gate();
+    Probe a;
+    REQUIRE(engine.submit(make_job("a", random_prompt(rng, 12, vocab), greedy, a)).ok());
+    REQUIRE(engine.run_step_for_test());
+    CHECK(a.has_first);
+    REQUIRE(transport.wait_held(1));
+    CHECK(engine.load().n_sending == 1);
+    engine.cancel("a");
+    transport.open_gate();
+    REQUIRE(a.wait_done());
+    CHECK(a.status.code() == StatusCode::kCancelled);
+    CHECK(transport.get("a").n_chunks == 0);  // the transfer ended before any chunk
+  }
+  SECTION("unknown ids are ignored") {
+    engine.cancel("nobody");
+    CHECK_FALSE(engine.run_step_for_test());
+  }
+  engine.stop();
+  CHECK(engine.load().free_blocks == engine.load().total_blocks);
+}
+
+TEST_CASE("prefill engine: a transport failure reaches on_done and returns the blocks", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  RecordingTransport transport;
+  transport.result = unavailable("decode worker down");
+  Metrics metrics;
+  PrefillConfig config;
+  config.name = "p0";
+  PrefillEngine engine(*fx.model, transport, config, &metrics);
+  engine.start();
+  Probe a;
+  REQUIRE(engine.submit(make_job("a", random_prompt(rng, 30, fx.model->config().n_vocab), SamplingParams{}, a)).ok());
+  REQUIRE(a.wait_done());
+  CHECK(a.has_first);  // the first token went out before the transfer failed
+  CHECK(a.status.code() == StatusCode::kUnavailable);
+  CHECK(engine.load().free_blocks == engine.load().total_blocks);
+  CHECK(engine.load().n_sending == 0);
+  auto labels = Metrics::role_labels("prefill", "p0");
+  labels["destination"] = "decode-a:1234";
+  CHECK(metrics.kv_transfer_errors_total.Add(labels).Value() == 1);
+  // The id is free again: a retry (failover) is accepted.
+  Probe retry;
+  transport.result = {};
+  REQUIRE(
+      engine.submit(make_job("a", random_prompt(rng, 30, fx.model->config().n_vocab), SamplingParams{}, retry)).ok());
+  REQUIRE(retry.wait_done());
+  CHECK(retry.status.ok());
+}
+
+TEST_CASE("prefill engine: a job waits until the pool can hold its whole prompt", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const int vocab = fx.model->config().n_vocab;
+  RecordingTransport transport;
+  PrefillConfig config;
+  config.block_size = 8;
+  config.n_blocks = 5;  // 40 tokens: one 30-token prompt at a time
+  PrefillEngine engine(*fx.model, transport, config);
+  transport.close_gate();
+  Probe a, b;
+  REQUIRE(engine.submit(make_job("a", random_prompt(rng, 30, vocab), SamplingParams{}, a)).ok());
+  REQUIRE(engine.submit(make_job("b", random_prompt(rng, 30, vocab), SamplingParams{}, b)).ok());
+  REQUIRE(engine.run_step_for_test());
+  CHECK(a.has_first);
+  REQUIRE(transport.wait_held(1));
+  CHECK_FALSE(engine.run_step_for_test());  // b does not fit while a's KV is being sent
+  CHECK(engine.load().n_queued == 1);
+  transport.open_gate();
+  REQUIRE(a.wait_done());
+  REQUIRE(engine.run_step_for_test());
+  REQUIRE(b.wait_done());
+  CHECK(b.status.ok());
+  CHECK(engine.load().free_blocks == 5);
+}
+
+TEST_CASE("prefill engine: submit refuses what it can never run", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  RecordingTransport transport;
+  PrefillConfig config;
+  config.block_size = 8;
+  config.n_blocks = 4;
+  config.max_queued_tokens = 40;
+  PrefillEngine engine(*fx.model, transport, config);
+  Probe p;
+  auto job = [&](std::vector<int32_t> tokens) { return make_job("x", std::move(tokens), SamplingParams{}, p); };
+
+  CHECK(engine.submit(job({})).code() == StatusCode::kInvalidArgument);
+  CHECK(engine.submit(job({1, c.n_vocab})).code() == StatusCode::kInvalidArgument);
+  CHECK(engine.submit(job({-1})).code() == StatusCode::kInvalidArgument);
+  CHECK(engine.submit(job(random_prompt(rng, 33, c.n_vocab))).code() == StatusCode::kInvalidArgument);  // > 4 blocks
+  {
+    PrefillConfig big = config;
+    big.n_blocks = c.n_ctx;  // the pool is not the limit here, the context is
+    PrefillEngine e2(*fx.model, transport, big);
+    CHECK(e2.submit(job(random_prompt(rng, c.n_ctx, c.n_vocab))).code() == StatusCode::kInvalidArgument);
+  }
+  auto bad_sampling = job({1, 2});
+  bad_sampling.sampling.top_p = 0;
+  CHECK(engine.submit(bad_sampling).code() == StatusCode::kInvalidArgument);
+  auto no_address = job({1, 2});
+  no_address.decode_address.clear();
+  CHECK(engine.submit(no_address).code() == StatusCode::kInvalidArgument);
+  CHECK_FALSE(p.done);  // refused jobs never call back
+
+  Probe q1, q2, q3;
+  REQUIRE(engine.submit(make_job("q1", random_prompt(rng, 30, c.n_vocab), SamplingParams{}, q1)).ok());
+  CHECK(engine.submit(make_job("q1", random_prompt(rng, 3, c.n_vocab), SamplingParams{}, q2)).code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(engine.submit(make_job("q3", random_prompt(rng, 11, c.n_vocab), SamplingParams{}, q3)).code() ==
+        StatusCode::kResourceExhausted);  // 30 + 11 > 40 queued tokens
+  engine.stop();
+  CHECK(q1.done);
+  CHECK(q1.status.code() == StatusCode::kUnavailable);
+  CHECK(engine.submit(make_job("late", {1}, SamplingParams{}, q3)).code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("prefill engine: after a failover the seeded stream continues where it stopped", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  const auto prompt = random_prompt(rng, 5 + static_cast<int>(rng() % 30), c.n_vocab);
+  SamplingParams sampling = random_sampling(rng);
+  sampling.temperature = 1.5f;  // flat enough that skipping draws matters
+  const int n_generated = 1 + static_cast<int>(rng() % 5);
+  // Single process: the prompt, then n_generated + 1 tokens.
+  GenerateOptions opt;
+  opt.max_tokens = n_generated + 1;
+  opt.ignore_eos = true;
+  opt.sampling = sampling;
+  Generator gen(*fx.model);
+  auto r = gen.generate(prompt, opt);
+  REQUIRE(r.ok());
+  REQUIRE(static_cast<int>(r->tokens.size()) == n_generated + 1);
+
+  RecordingTransport transport;
+  PrefillEngine engine(*fx.model, transport, PrefillConfig{});
+  Probe probe;
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), r->tokens.begin(), r->tokens.begin() + n_generated);
+  PrefillJob job = make_job("failover", tokens, sampling, probe);
+  job.n_generated = n_generated;
+  REQUIRE(engine.submit(std::move(job)).ok());
+  run_all_steps(engine);
+  REQUIRE(probe.wait_done());
+  CHECK(probe.first == r->tokens.back());
+  CHECK(transport.get("failover").header.token_ids == tokens);
+}
