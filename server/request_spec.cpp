@@ -28,7 +28,7 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     return invalid_argument("request_id must be at most 128 printable ASCII characters without spaces");
   }
   if (!r.model().empty() && r.model() != m.name) {
-    return Status(StatusCode::kNotFound, "model '" + r.model() + "' is not served here (ListModels: '" + m.name + "')");
+    return invalid_argument("model '" + r.model() + "' is not served here (ListModels: '" + m.name + "')");
   }
   const int n_forms = (r.prompt().empty() ? 0 : 1) + (r.prompt_token_ids_size() > 0 ? 1 : 0) + (r.messages_size() > 0 ? 1 : 0);
   if (n_forms == 0) {

@@ -217,6 +217,12 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   return r;
 }
 
+// Scripts and tests read the port from this stdout line (useful with --listen HOST:0).
+void print_listening(int port) {
+  std::printf("listening on port %d\n", port);
+  std::fflush(stdout);
+}
+
 void init_logging(const ServeArgs& a) {
   spdlog::set_level(spdlog::level::from_str(a.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
@@ -236,6 +242,7 @@ int run_serve(const ServeArgs& a) {
     auto r = start_decode(a, a.listen, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
+    print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->service->set_draining(true);
     (*r)->server->set_not_serving();
@@ -245,6 +252,7 @@ int run_serve(const ServeArgs& a) {
     auto r = start_prefill(a, a.listen, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
+    print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->server->set_not_serving();
     (*r)->server->shutdown(std::chrono::seconds(30));
@@ -253,6 +261,7 @@ int run_serve(const ServeArgs& a) {
     auto r = start_frontend(a, a.listen, split_list(a.prefill_addresses), split_list(a.decode_addresses), &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("frontend serving on port {}", (*r)->server->port());
+    print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->frontend->set_draining();
     (*r)->server->set_not_serving();
@@ -291,9 +300,7 @@ int run_local(const ServeArgs& a) {
   if (!fe.ok()) return fail(fe.status());
   spdlog::info("baton local: frontend on port {}, {} prefill and {} decode workers", (*fe)->server->port(),
                prefillers.size(), decoders.size());
-  // Scripts read the port from this line (useful with --listen 127.0.0.1:0).
-  std::printf("listening on port %d\n", (*fe)->server->port());
-  std::fflush(stdout);
+  print_listening((*fe)->server->port());
   wait_for_signal();
   (*fe)->frontend->set_draining();
   (*fe)->server->set_not_serving();

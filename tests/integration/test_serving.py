@@ -157,11 +157,12 @@ def test_bad_fields_are_named(pb, shared_server, fields, name):
     assert name in err.value.details()
 
 
-def test_unknown_model_is_not_found(pb, shared_server):
+def test_unknown_model_is_refused(pb, shared_server):
     srv = shared_server
     with pytest.raises(grpc.RpcError) as err:
         generate(pb, srv.address, model="no-such-model", prompt="hi", max_tokens=3)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model" in err.value.details()
     with grpc.insecure_channel(srv.address) as ch:
         models = pb.gen_grpc.GenerationStub(ch).ListModels(pb.gen.ListModelsRequest()).models
     assert len(models) == 1 and models[0].vocab_size == 275 and models[0].context_length == 1024
@@ -203,3 +204,29 @@ def test_timing_breakdown_is_consistent(pb, shared_server):
     assert t.prefill_seconds > 0 and t.kv_transfer_seconds > 0
     assert final.prefill_worker and final.decode_worker
     assert len(msgs[0].token_ids) == 1  # the first token comes alone, straight from the prefill worker
+
+
+def test_worker_with_another_model_is_refused_at_kv_handoff(pb, baton_bin, test_model, tmp_path, server_factory):
+    other = tmp_path / "other.gguf"  # same shapes, other weights: another fingerprint
+    subprocess.run([str(baton_bin), "tools", "make-test-model", "--out", str(other), "--seed", "99", "--layers", "2",
+                    "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--ctx", "1024"], check=True)
+    decode = server_factory(other, subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, subcommand=("serve", "--role", "prefill"))
+    # Admit on the decode worker as a frontend serving `other` would...
+    with grpc.insecure_channel(decode.address) as ch:
+        d = pb.worker_grpc.DecodeWorkerStub(ch)
+        fingerprint = d.GetLoad(pb.worker.LoadRequest()).model_fingerprint
+        d.Admit(pb.worker.AdmitRequest(request_id="mismatch", n_prompt_tokens=5, max_tokens=4,
+                                       model_fingerprint=fingerprint))
+    # ...then a prefill worker serving the test model hands it its KV: refused by fingerprint.
+    with grpc.insecure_channel(prefill.address) as ch:
+        events = pb.worker_grpc.PrefillWorkerStub(ch).Prefill(
+            pb.worker.PrefillRequest(request_id="mismatch", prompt_token_ids=[5, 6, 7, 8, 9],
+                                     decode_address=decode.address), timeout=60)
+        got_first = False
+        with pytest.raises(grpc.RpcError) as err:
+            for ev in events:
+                got_first = got_first or ev.HasField("first_token")
+    assert got_first, "the first token comes before the hand-off"
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
+    assert "fingerprint" in err.value.details()
