@@ -70,15 +70,15 @@ void timed(Backend& be, const char* op, F&& fn) {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend) {
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress) {
   BATON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
   auto model = std::unique_ptr<Model>(new Model(config, backend));
-  BATON_RETURN_IF_ERROR(model->load_weights(file));
+  BATON_RETURN_IF_ERROR(model->load_weights(file, progress));
   model->fingerprint_ = model_fingerprint(config, file);
   return model;
 }
 
-Status Model::load_weights(const GgufFile& f) {
+Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
   const ModelConfig& c = config_;
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
@@ -132,6 +132,7 @@ Status Model::load_weights(const GgufFile& f) {
     w.w_gate_up = be.make_matrix(wg.data(), 2 * static_cast<int64_t>(c.ffn_dim), c.dim, MatrixUse::kGemm);
     BATON_ASSIGN_OR_RETURN(std::vector<float> wd, load_tensor(f, p + "ffn_down.weight", c.dim, c.ffn_dim));
     w.w_down = be.make_matrix(wd.data(), c.dim, c.ffn_dim, MatrixUse::kGemm);
+    if (progress) progress(l + 1, c.n_layers);
   }
   return {};
 }

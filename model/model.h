@@ -4,6 +4,7 @@
 // projection group over all its tokens.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,7 +30,9 @@ class Model {
  public:
   // Loads every tensor of `file` onto `backend` (which must outlive the model). Shapes are
   // checked against the config; a missing or misshapen tensor is an error naming it.
-  static Result<std::unique_ptr<Model>> load(const GgufFile& file, Backend& backend);
+  // `progress`, when set, is called with (layers loaded, total layers) as loading proceeds.
+  using LoadProgress = std::function<void(int done, int total)>;
+  static Result<std::unique_ptr<Model>> load(const GgufFile& file, Backend& backend, const LoadProgress& progress = {});
 
   const ModelConfig& config() const { return config_; }
   const std::string& fingerprint() const { return fingerprint_; }
@@ -44,7 +47,7 @@ class Model {
 
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
-  Status load_weights(const GgufFile& file);
+  Status load_weights(const GgufFile& file, const LoadProgress& progress);
   void reserve(int64_t n_tokens);
 
   ModelConfig config_;

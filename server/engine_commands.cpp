@@ -1,5 +1,7 @@
 #include "server/engine_commands.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "common/npy.h"
+#include "common/progress.h"
 #include "kernels/backend.h"
 #include "model/chat_template.h"
 #include "model/generator.h"
@@ -122,7 +125,8 @@ int run_generate(const GenerateArgs& a) {
   std::string error;
   auto backend = make_backend(bo, &error);
   if (!backend) return fail(invalid_argument(error));
-  auto model = Model::load(**file, *backend);
+  // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
+  auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{});
   if (!model.ok()) return fail_model(model.status());
 
   GenerateOptions go;

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "common/metrics.h"
+#include "common/progress.h"
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "kv/tcp/tcp_transport.h"
@@ -50,6 +52,8 @@ struct ServeArgs {
   int n_prefill_workers = 1;
   int n_decode_workers = 1;
   std::string log_level = "info";
+  std::string log_format = "text";
+  int drain_timeout = 30;  // seconds in-flight work may take after SIGTERM
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -87,7 +91,10 @@ Result<LoadedModel> load_model(const ServeArgs& a) {
   if (!m.backend) return invalid_argument(error);
   BATON_ASSIGN_OR_RETURN(m.file, GgufFile::open(a.model));
   BATON_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.file));
-  BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend));
+  BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend,
+                                              load_progress_reporter(a.model, [](const std::string& line) {
+                                                spdlog::info("{}", line);
+                                              })));
   return m;
 }
 
@@ -148,7 +155,10 @@ struct DecodeRole {
   std::unique_ptr<RpcServer> server;
 };
 
-Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::string& listen, Metrics* metrics) {
+// `name` labels metrics and logs: the listen address, or "decode-N" in `baton local` where the
+// port is only known once the server runs.
+Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::string& listen, const std::string& name,
+                                                 Metrics* metrics) {
   auto r = std::make_unique<DecodeRole>();
   BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
   DecodeConfig dc;
@@ -158,7 +168,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   const int64_t ctx = r->m.model->config().n_ctx;
   // Default: room for 8 full-context sequences.
   dc.n_blocks = a.kv_blocks > 0 ? a.kv_blocks : static_cast<int>(8 * ((ctx + a.block_size - 1) / a.block_size));
-  dc.name = listen;
+  dc.name = name;
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
   r->engine->start();
   r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model);
@@ -174,7 +184,8 @@ struct PrefillRole {
   std::unique_ptr<RpcServer> server;
 };
 
-Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, Metrics* metrics) {
+Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, const std::string& name,
+                                                   Metrics* metrics) {
   auto r = std::make_unique<PrefillRole>();
   BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
   PrefillConfig pc;
@@ -182,7 +193,7 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std
   pc.block_size = a.block_size;
   pc.kv_dtype = dtype_of(a.kv_dtype);
   pc.n_blocks = a.kv_blocks;
-  pc.name = listen;
+  pc.name = name;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = std::make_unique<TcpKvTransport>();
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
@@ -223,14 +234,14 @@ void print_listening(int port) {
   std::fflush(stdout);
 }
 
-void init_logging(const ServeArgs& a) {
-  spdlog::set_level(spdlog::level::from_str(a.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
-}
-
+// Graceful drain on SIGTERM (all roles): health turns NOT_SERVING and the role reports
+// `draining` in its load report (frontends route around it), new calls are refused with
+// UNAVAILABLE, and in-flight calls get up to --drain-timeout seconds to finish before the server
+// cancels them; then the engines stop and the process exits 0.
 int run_serve(const ServeArgs& a) {
   block_signals();
-  init_logging(a);
+  if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
+  const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
   if (!a.metrics_listen.empty()) {
@@ -239,23 +250,24 @@ int run_serve(const ServeArgs& a) {
     metrics_server = std::move(*ms);
   }
   if (a.role == "decode") {
-    auto r = start_decode(a, a.listen, &metrics);
+    auto r = start_decode(a, a.listen, a.listen, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->service->set_draining(true);
     (*r)->server->set_not_serving();
-    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->server->shutdown(grace);
     (*r)->engine->stop();
   } else if (a.role == "prefill") {
-    auto r = start_prefill(a, a.listen, &metrics);
+    auto r = start_prefill(a, a.listen, a.listen, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
     wait_for_signal();
+    (*r)->service->set_draining(true);
     (*r)->server->set_not_serving();
-    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->server->shutdown(grace);
     (*r)->engine->stop();
   } else {
     auto r = start_frontend(a, a.listen, split_list(a.prefill_addresses), split_list(a.decode_addresses), &metrics);
@@ -265,15 +277,17 @@ int run_serve(const ServeArgs& a) {
     wait_for_signal();
     (*r)->frontend->set_draining();
     (*r)->server->set_not_serving();
-    (*r)->server->shutdown(std::chrono::seconds(30));
+    (*r)->server->shutdown(grace);
     (*r)->frontend->stop();
   }
+  spdlog::info("drained; exiting");
   return 0;
 }
 
 int run_local(const ServeArgs& a) {
   block_signals();
-  init_logging(a);
+  if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
+  const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
   if (!a.metrics_listen.empty()) {
@@ -285,13 +299,13 @@ int run_local(const ServeArgs& a) {
   std::vector<std::unique_ptr<PrefillRole>> prefillers;
   std::vector<std::string> decode_addrs, prefill_addrs;
   for (int i = 0; i < a.n_decode_workers; ++i) {
-    auto r = start_decode(a, "127.0.0.1:0", &metrics);
+    auto r = start_decode(a, "127.0.0.1:0", "decode-" + std::to_string(i), &metrics);
     if (!r.ok()) return fail(r.status());
     decode_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     decoders.push_back(std::move(*r));
   }
   for (int i = 0; i < a.n_prefill_workers; ++i) {
-    auto r = start_prefill(a, "127.0.0.1:0", &metrics);
+    auto r = start_prefill(a, "127.0.0.1:0", "prefill-" + std::to_string(i), &metrics);
     if (!r.ok()) return fail(r.status());
     prefill_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     prefillers.push_back(std::move(*r));
@@ -302,9 +316,10 @@ int run_local(const ServeArgs& a) {
                prefillers.size(), decoders.size());
   print_listening((*fe)->server->port());
   wait_for_signal();
+  // The frontend drains first (its in-flight requests still need the workers), then the workers.
   (*fe)->frontend->set_draining();
   (*fe)->server->set_not_serving();
-  (*fe)->server->shutdown(std::chrono::seconds(30));
+  (*fe)->server->shutdown(grace);
   (*fe)->frontend->stop();
   for (auto& p : prefillers) {
     p->server->shutdown(std::chrono::seconds(5));
@@ -314,6 +329,7 @@ int run_local(const ServeArgs& a) {
     d->server->shutdown(std::chrono::seconds(5));
     d->engine->stop();
   }
+  spdlog::info("drained; exiting");
   return 0;
 }
 
@@ -368,6 +384,12 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");
+  c->add_option("--log-format", a.log_format, "text | json (one JSON object per line, for log collectors)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->envname("BATON_LOG_FORMAT");
+  c->add_option("--drain-timeout", a.drain_timeout, "Seconds in-flight requests may take after SIGTERM")
+      ->check(CLI::Range(0, 3600))
+      ->envname("BATON_DRAIN_TIMEOUT");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/attention_common.h"
+#include "kernels/cpu/parallel.h"
 
 namespace baton::cpu {
 namespace {
@@ -131,7 +132,7 @@ void kv_write(const KvLayerView& kv, const Tensor& k, const Tensor& v, const Bat
     BATON_CHECK((s.kv_offset + s.n_new + kv.block_size - 1) / kv.block_size <= s.n_blocks,
                 "sequence needs %d positions but has %d blocks of %d", s.kv_offset + s.n_new, s.n_blocks,
                 kv.block_size);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(static_cast<int64_t>(s.n_new) * width))
     for (int i = 0; i < s.n_new; ++i) {
       const int32_t pos = s.kv_offset + i;
       const size_t off = kv_offset_of(kv, s, pos, 0);
@@ -173,7 +174,9 @@ void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, i
   attention_tiled(q, kv, batch, tiled, n_head, scale, compute, scratch, out);
   if (items.empty()) return;
   const float scale_log2 = scale * static_cast<float>(M_LOG2E);
-#pragma omp parallel
+  int64_t work = 0;  // query-key pairs × head_dim × heads per kv head
+  for (const WorkItem& it : items) work += it.cost * hd * group;
+#pragma omp parallel if (worth_parallel(work))
   {
     Scratch scratch;
 #pragma omp for schedule(dynamic, 1)

@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace baton {
 namespace {
@@ -28,7 +29,7 @@ constexpr size_t kMaxCachedPrimitives = 64;
 
 void f32_to_bf16_rows(const Tensor& x, uint16_t* out) {
   const int64_t k = x.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(x.rows * k))
   for (int64_t r = 0; r < x.rows; ++r) {
     const uint32_t* src = reinterpret_cast<const uint32_t*>(x.f32() + r * x.ld);
     uint16_t* dst = out + r * k;

@@ -7,13 +7,14 @@
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/parallel.h"
 
 namespace baton::cpu {
 
 void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out) {
   const int64_t d = x.cols;
   BATON_CHECK(out.rows == x.rows && out.cols == d, "rms_norm shape mismatch");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(x.rows * d))
   for (int64_t r = 0; r < x.rows; ++r) {
     const float* xr = x.f32() + r * x.ld;
     float* yr = out.f32() + r * out.ld;
@@ -28,7 +29,7 @@ void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out) {
 
 void embed(const float* table, int64_t dim, const int32_t* ids, int64_t n, const Tensor& out) {
   BATON_CHECK(out.rows == n && out.cols == dim, "embed shape mismatch");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(n * dim))
   for (int64_t r = 0; r < n; ++r) std::memcpy(out.f32() + r * out.ld, table + ids[r] * dim, dim * sizeof(float));
 }
 
@@ -71,7 +72,7 @@ void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_d
     if (!rope.freq_factors.empty()) inv_freq[i] /= rope.freq_factors[i];
   }
   const int q_heads = static_cast<int>(q.cols / head_dim), k_heads = static_cast<int>(k.cols / head_dim);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(q.rows * (q.cols + k.cols)))
   for (int64_t t = 0; t < q.rows; ++t) {
     float cs[256], sn[256];
     BATON_CHECK(half <= 256, "head_dim too large for rope");
@@ -89,7 +90,7 @@ void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_d
 void silu_mul(const Tensor& gate_up, const Tensor& out) {
   const int64_t f = out.cols;
   BATON_CHECK(gate_up.cols == 2 * f && gate_up.rows == out.rows, "silu_mul shape mismatch");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(out.rows * f))
   for (int64_t r = 0; r < out.rows; ++r) {
     const float* g = gate_up.f32() + r * gate_up.ld;
     const float* u = g + f;

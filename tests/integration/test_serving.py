@@ -108,7 +108,8 @@ def test_cancel_mid_stream_frees_blocks(pb, test_model, server_factory):
 def test_deadline_exceeded_frees_blocks(pb, test_model, server_factory):
     srv = server_factory(test_model)
     with pytest.raises(grpc.RpcError) as err:
-        generate(pb, srv.address, timeout=0.5, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
+        # 1000 tokens take ~0.5 s on the test model: the 0.15 s deadline passes mid-stream.
+        generate(pb, srv.address, timeout=0.15, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_blocks_free(srv), "decode KV blocks did not return to the total after a deadline"
 
@@ -119,7 +120,7 @@ def test_overload_is_refused_quickly(pb, test_model, server_factory):
     def one():
         t0 = time.time()
         try:
-            ids, _, _ = generate(pb, srv.address, prompt_token_ids=[9, 10, 11], max_tokens=200, ignore_eos=True)
+            ids, _, _ = generate(pb, srv.address, prompt_token_ids=[9, 10, 11], max_tokens=800, ignore_eos=True)
             return "ok", time.time() - t0, len(ids)
         except grpc.RpcError as e:
             return e.code(), time.time() - t0, 0
@@ -131,7 +132,7 @@ def test_overload_is_refused_quickly(pb, test_model, server_factory):
     assert refused, f"no request was refused: {results}"
     assert done, f"no request completed: {results}"
     assert len(refused) + len(done) == len(results), results
-    assert all(n == 200 for _, _, n in done)
+    assert all(n == 800 for _, _, n in done)
     assert max(t for _, t, _ in refused) < 2.0, "refusals must come at once"
 
 
