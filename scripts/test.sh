@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 BATON_MODEL="$(./scripts/fetch-model.sh)"
 export BATON_MODEL BATON_BIN="$PWD/build/baton"
 (cd build && ctest --output-on-failure -j 1)
-python3 -m pytest -q tests/e2e tests/integration
+python3 -m pytest -q tests/e2e tests/integration tests/deploy
