@@ -41,6 +41,17 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->context_.name = config.name;
   fe->context_.next_id = &fe->next_id_;
   fe->context_.draining = &fe->draining_;
+  if (metrics != nullptr) {
+    // Create the request-level series at start-up (at zero), so that rate() over them counts the
+    // first requests after a start too.
+    const auto labels = Metrics::role_labels("frontend", config.name);
+    for (auto* h : {&metrics->ttft_seconds, &metrics->queue_seconds, &metrics->e2e_seconds, &metrics->tpot_seconds}) {
+      metrics->histogram(*h, labels);
+    }
+    metrics->requests_total.Add({{"code", "OK"}});
+    metrics->prompt_tokens_total.Add({});
+    metrics->generation_tokens_total.Add({});
+  }
   return fe;
 }
 

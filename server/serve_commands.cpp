@@ -53,6 +53,7 @@ struct ServeArgs {
   int n_decode_workers = 1;
   std::string log_level = "info";
   std::string log_format = "text";
+  std::string name;  // metric `worker` label and log name; "" = the listen address
   int drain_timeout = 30;  // seconds in-flight work may take after SIGTERM
 };
 
@@ -208,12 +209,12 @@ struct FrontendRole {
   std::unique_ptr<RpcServer> server;
 };
 
-Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const std::string& listen,
+Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const std::string& listen, const std::string& name,
                                                      std::vector<std::string> prefill, std::vector<std::string> decode,
                                                      Metrics* metrics) {
   FrontendConfig fc;
   fc.model_path = a.model;
-  fc.name = listen;
+  fc.name = name;
   fc.chat_template = a.chat_template;
   fc.workers.prefill_addresses = std::move(prefill);
   fc.workers.prefill_dns = a.prefill_dns;
@@ -250,7 +251,7 @@ int run_serve(const ServeArgs& a) {
     metrics_server = std::move(*ms);
   }
   if (a.role == "decode") {
-    auto r = start_decode(a, a.listen, a.listen, &metrics);
+    auto r = start_decode(a, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
@@ -260,7 +261,7 @@ int run_serve(const ServeArgs& a) {
     (*r)->server->shutdown(grace);
     (*r)->engine->stop();
   } else if (a.role == "prefill") {
-    auto r = start_prefill(a, a.listen, a.listen, &metrics);
+    auto r = start_prefill(a, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
@@ -270,7 +271,8 @@ int run_serve(const ServeArgs& a) {
     (*r)->server->shutdown(grace);
     (*r)->engine->stop();
   } else {
-    auto r = start_frontend(a, a.listen, split_list(a.prefill_addresses), split_list(a.decode_addresses), &metrics);
+    auto r = start_frontend(a, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
+                            split_list(a.decode_addresses), &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("frontend serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
@@ -310,7 +312,7 @@ int run_local(const ServeArgs& a) {
     prefill_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     prefillers.push_back(std::move(*r));
   }
-  auto fe = start_frontend(a, a.listen, prefill_addrs, decode_addrs, &metrics);
+  auto fe = start_frontend(a, a.listen, a.name.empty() ? "frontend" : a.name, prefill_addrs, decode_addrs, &metrics);
   if (!fe.ok()) return fail(fe.status());
   spdlog::info("baton local: frontend on port {}, {} prefill and {} decode workers", (*fe)->server->port(),
                prefillers.size(), decoders.size());
@@ -387,6 +389,8 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--log-format", a.log_format, "text | json (one JSON object per line, for log collectors)")
       ->check(CLI::IsMember({"text", "json"}))
       ->envname("BATON_LOG_FORMAT");
+  c->add_option("--name", a.name, "This role's name in metrics (worker label) and logs (default: --listen)")
+      ->envname("BATON_NAME");
   c->add_option("--drain-timeout", a.drain_timeout, "Seconds in-flight requests may take after SIGTERM")
       ->check(CLI::Range(0, 3600))
       ->envname("BATON_DRAIN_TIMEOUT");
