@@ -23,8 +23,6 @@ DecodeAdmit from_proto(const v1::AdmitRequest& r) {
   a.sampling = sampling_from_proto(r.sampling());
   a.ignore_eos = r.ignore_eos();
   a.model_fingerprint = r.model_fingerprint();
-  // r.stop (stop strings) is not the engine's business: the frontend detokenises, matches stop
-  // text and cancels the Stream call.
   return a;
 }
 
@@ -187,7 +185,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
 grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* context, const v1::AdmitRequest* request,
                                                v1::AdmitResponse* response) {
   int64_t reserved = 0;
-  const Status st = engine_.admit(from_proto(*request), &reserved);
+  DecodeAdmit admit = from_proto(*request);
+  // Until a Stream attaches (which sets the request's real deadline), the reservation lives at
+  // most until the Admit call's deadline, or kAttachTimeout: a frontend that dies between Admit
+  // and Stream cannot hold blocks forever.
+  constexpr auto kAttachTimeout = std::chrono::seconds(60);
+  admit.deadline = steady_deadline(context->deadline());
+  if (!admit.deadline) admit.deadline = DecodeClock::now() + kAttachTimeout;
+  const Status st = engine_.admit(admit, &reserved);
   if (st.ok()) response->set_reserved_blocks(reserved);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(to_grpc(st));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs dependencies, builds, fetches the real model, then the
-# unit tests (ctest) and the end-to-end tests against independent references (pytest).
+# unit tests (ctest, full build and engine-only build), the end-to-end tests against independent
+# references, the serving tests over real processes and the deployment tests (pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh

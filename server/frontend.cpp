@@ -2,7 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <random>
+#include <thread>
 
 namespace baton {
 
@@ -40,6 +44,13 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->context_.metrics = metrics;
   fe->context_.name = config.name;
   fe->context_.next_id = &fe->next_id_;
+  fe->context_.live_calls = &fe->live_calls_;
+  {
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+    fe->context_.instance = buf;
+  }
   fe->context_.draining = &fe->draining_;
   if (metrics != nullptr) {
     // Create the request-level series at start-up (at zero), so that rate() over them counts the
@@ -63,6 +74,11 @@ void Frontend::start() {
 }
 
 void Frontend::stop() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (live_calls_.load() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (live_calls_.load() > 0) spdlog::warn("{} requests still hold the frontend at shutdown", live_calls_.load());
   if (pool_) pool_->stop();
 }
 

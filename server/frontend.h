@@ -33,6 +33,8 @@ class Frontend final : public v1::Generation::CallbackService {
 
   // Polls the workers once (so the first requests find them), then keeps polling.
   void start();
+  // Waits (up to 10 s) for every request's pipeline to let go of the frontend, then stops polling.
+  // Call after the gRPC server has shut down (no new requests).
   void stop();
   // New requests get UNAVAILABLE; requests in flight continue.
   void set_draining() { draining_ = true; }
@@ -56,6 +58,7 @@ class Frontend final : public v1::Generation::CallbackService {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkerPool> pool_;
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<int64_t> live_calls_{0};
   std::atomic<bool> draining_{false};
   FrontendContext context_;
 };

@@ -19,7 +19,13 @@ class GenerateReactor;
 class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
   GenerateCall(FrontendContext& fc, grpc::CallbackServerContext* context, GenerateReactor* reactor)
-      : fc_(fc), server_ctx_(context), reactor_(reactor), arrival_(SteadyTime::now()) {}
+      : fc_(fc), server_ctx_(context), reactor_(reactor), arrival_(SteadyTime::now()) {
+    if (fc_.live_calls != nullptr) fc_.live_calls->fetch_add(1);
+  }
+  // Worker callbacks can outlive the client's stream: the frontend waits for this before it goes.
+  ~GenerateCall() {
+    if (fc_.live_calls != nullptr) fc_.live_calls->fetch_sub(1);
+  }
 
   void start(const v1::GenerateRequest& request);
   void on_write_done(bool ok);
@@ -55,6 +61,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void end_locked(const Status& status);
   void pump_locked();
   void cancel_workers_locked();
+  // Best-effort Release of the decode reservation (idempotent on the worker).
+  void release_decode_locked();
+  // Only errors that say something about the worker's health mark it failed.
+  static bool is_worker_fault(const grpc::Status& status);
 
   FrontendContext& fc_;
   grpc::CallbackServerContext* server_ctx_;
@@ -63,6 +73,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   const SteadyTime::time_point arrival_;
 
   GenerateSpec spec_;
+  // The id the scheduler and the workers know this request by: unique across frontends and not
+  // chosen by the client (spec_.request_id is the client's, echoed back and logged).
+  std::string id_;
   std::optional<TextStream> text_;
   Placement placement_;
   bool placed_ = false;
@@ -150,14 +163,15 @@ void GenerateCall::start(const v1::GenerateRequest& request) {
       end_locked(unavailable("this frontend is shutting down; retry on another replica"));
       return;
     }
-    auto spec = make_generate_spec(request, *fc_.model, "req-" + std::to_string(fc_.next_id->fetch_add(1)));
+    auto spec = make_generate_spec(request, *fc_.model, "req-" + fc_.instance + "-" + std::to_string(fc_.next_id->load()));
     if (!spec.ok()) {
       end_locked(spec.status());
       return;
     }
     spec_ = std::move(*spec);
+    id_ = fc_.instance + "-" + std::to_string(fc_.next_id->fetch_add(1));
     text_.emplace(*fc_.model->tokenizer, spec_.stop);
-    pending.id = spec_.request_id;
+    pending.id = id_;
     pending.n_prompt_tokens = static_cast<int64_t>(spec_.prompt_ids.size());
     pending.n_total_tokens = pending.n_prompt_tokens + spec_.max_tokens;
     pending.priority = spec_.priority;
@@ -190,11 +204,11 @@ void GenerateCall::start(const v1::GenerateRequest& request) {
       end_locked(s);
       return;
     }
-    if (fc_.metrics) {
+    if (fc_.metrics && !ending_) {
       fc_.metrics->prompt_tokens_total.Add({}).Increment(static_cast<double>(spec_.prompt_ids.size()));
     }
-    spdlog::info("req={} admitted: {} prompt tokens, max_tokens {}", spec_.request_id, spec_.prompt_ids.size(),
-                 spec_.max_tokens);
+    spdlog::info("req={} admitted as {}: {} prompt tokens, max_tokens {}", spec_.request_id, id_,
+                 spec_.prompt_ids.size(), spec_.max_tokens);
   }
   flush_scheduler();
 }
@@ -207,9 +221,9 @@ void GenerateCall::flush_scheduler() {
     std::swap(prefill_done, sched_prefill_done_);
     std::swap(finished, sched_finished_);
   }
-  if (admitted) fc_.scheduler->decode_admitted(spec_.request_id);
-  if (prefill_done) fc_.scheduler->prefill_done(spec_.request_id);
-  if (finished) fc_.scheduler->finished(spec_.request_id);
+  if (admitted) fc_.scheduler->decode_admitted(id_);
+  if (prefill_done) fc_.scheduler->prefill_done(id_);
+  if (finished) fc_.scheduler->finished(id_);
 }
 
 void GenerateCall::on_placed(const Placement& placement) {
@@ -222,7 +236,7 @@ void GenerateCall::on_placed(const Placement& placement) {
   ctx->set_deadline(server_ctx_->deadline());
   auto* req = new v1::AdmitRequest();
   auto* resp = new v1::AdmitResponse();
-  req->set_request_id(spec_.request_id);
+  req->set_request_id(id_);
   req->set_n_prompt_tokens(static_cast<int32_t>(spec_.prompt_ids.size()));
   req->set_max_tokens(spec_.max_tokens);
   sampling_to_proto(spec_.sampling, req->mutable_sampling());
@@ -243,7 +257,13 @@ void GenerateCall::on_admitted(const grpc::Status& status) {
   FlushOnExit flush(*this);  // after the lock below is released
   std::lock_guard<std::mutex> lock(mu_);
   if (!status.ok()) {
-    fc_.registry->report_failure(WorkerRole::kDecode, placement_.decode_address);
+    if (is_worker_fault(status)) fc_.registry->report_failure(WorkerRole::kDecode, placement_.decode_address);
+    // The worker may have admitted it before the error reached us: release to be sure.
+    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+        status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+      release_decode_locked();
+    }
     end_locked(Status(from_grpc(status).code(), "decode worker " + placement_.decode_address +
                                                     " refused the request: " + status.error_message()));
     return;
@@ -251,21 +271,12 @@ void GenerateCall::on_admitted(const grpc::Status& status) {
   admitted_ = true;
   sched_decode_admitted_ = true;
   if (ending_) {
-    // Cancelled while Admit was in flight: give the reservation back.
-    auto* ctx = new grpc::ClientContext();
-    auto* req = new v1::ReleaseRequest();
-    auto* resp = new v1::ReleaseResponse();
-    req->set_request_id(spec_.request_id);
-    fc_.pool->decode_stub(placement_.decode_address).async()->Release(ctx, req, resp, [ctx, req, resp](grpc::Status) {
-      delete ctx;
-      delete req;
-      delete resp;
-    });
+    release_decode_locked();  // ended while Admit was in flight
     return;
   }
   auto self = shared_from_this();
   v1::StreamRequest sreq;
-  sreq.set_request_id(spec_.request_id);
+  sreq.set_request_id(id_);
   auto& dstub = fc_.pool->decode_stub(placement_.decode_address);
   auto* decode = new WorkerStream<v1::StreamRequest, v1::DecodeEvent>(
       self, std::move(sreq), &GenerateCall::on_decode_event, &GenerateCall::on_decode_done,
@@ -274,7 +285,7 @@ void GenerateCall::on_admitted(const grpc::Status& status) {
       });
   decode_ctx_ = decode->context();
   v1::PrefillRequest preq;
-  preq.set_request_id(spec_.request_id);
+  preq.set_request_id(id_);
   for (int32_t id : spec_.prompt_ids) preq.add_prompt_token_ids(id);
   sampling_to_proto(spec_.sampling, preq.mutable_sampling());
   preq.set_decode_address(placement_.decode_address);
@@ -300,8 +311,8 @@ void GenerateCall::on_prefill_event(const v1::PrefillEvent& event) {
     prefill_s_ = ft.prefill_seconds();
     if (ending_) return;
     have_first_token_ = true;
+    first_token_at_ = SteadyTime::now();  // before emitting: a stop string may end the request
     emit_tokens_locked({ft.token_id()});
-    first_token_at_ = SteadyTime::now();
     if (fc_.metrics) {
       const auto labels = Metrics::role_labels("frontend", fc_.name);
       fc_.metrics->histogram(fc_.metrics->ttft_seconds, labels).Observe(seconds_between(arrival_, first_token_at_));
@@ -322,8 +333,12 @@ void GenerateCall::on_prefill_done(const grpc::Status& status) {
   FlushOnExit flush(*this);  // after the lock below is released
   std::lock_guard<std::mutex> lock(mu_);
   prefill_ctx_ = nullptr;
+  if (status.ok() && !have_first_token_ && !ending_) {
+    end_locked(internal_error("prefill worker " + placement_.prefill_address + " ended without a first token"));
+    return;
+  }
   if (!status.ok() && !ending_) {
-    fc_.registry->report_failure(WorkerRole::kPrefill, placement_.prefill_address);
+    if (is_worker_fault(status)) fc_.registry->report_failure(WorkerRole::kPrefill, placement_.prefill_address);
     Status s = from_grpc(status);
     end_locked(Status(s.code(), "prefill on " + placement_.prefill_address + " failed: " + status.error_message()));
   }
@@ -356,9 +371,7 @@ void GenerateCall::on_decode_done(const grpc::Status& status) {
   decode_ctx_ = nullptr;
   if (ending_) return;
   if (!status.ok()) {
-    if (status.error_code() != grpc::StatusCode::CANCELLED && status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      fc_.registry->report_failure(WorkerRole::kDecode, placement_.decode_address);
-    }
+    if (is_worker_fault(status)) fc_.registry->report_failure(WorkerRole::kDecode, placement_.decode_address);
     Status s = from_grpc(status);
     end_locked(Status(s.code(), "decode on " + placement_.decode_address + ": " + status.error_message()));
     return;
@@ -396,11 +409,33 @@ void GenerateCall::maybe_complete_locked() {
 
 void GenerateCall::cancel_workers_locked() {
   if (decode_ctx_ != nullptr) decode_ctx_->TryCancel();
-  if (prefill_ctx_ != nullptr && have_first_token_ && kv_transfer_s_ < 0 && text_ && text_->stopped()) {
-    // The KV may still be moving; let it finish (the decode side frees it on cancel).
-    return;
-  }
+  // After the first token the prefill only moves KV, which the cancelled decode side refuses.
   if (prefill_ctx_ != nullptr && !have_first_token_) prefill_ctx_->TryCancel();
+}
+
+bool GenerateCall::is_worker_fault(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void GenerateCall::release_decode_locked() {
+  auto* ctx = new grpc::ClientContext();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto* req = new v1::ReleaseRequest();
+  auto* resp = new v1::ReleaseResponse();
+  req->set_request_id(id_);
+  fc_.pool->decode_stub(placement_.decode_address).async()->Release(ctx, req, resp, [ctx, req, resp](grpc::Status) {
+    delete ctx;
+    delete req;
+    delete resp;
+  });
 }
 
 void GenerateCall::end_locked(const Status& status) {
@@ -429,7 +464,8 @@ void GenerateCall::end_locked(const Status& status) {
     spdlog::info("req={} done: {} tokens, finish {}, ttft {:.3f}s, e2e {:.3f}s", spec_.request_id, n_generated_,
                  finish_reason_, t->ttft_seconds(), t->e2e_seconds());
   } else {
-    out_.clear();
+    while (out_.size() > (writing_ ? 1u : 0u)) out_.pop_back();  // the front may be in flight
+    if (admitted_ && !decode_done_) release_decode_locked();
     spdlog::info("req={} ended: {}", spec_.request_id.empty() ? "-" : spec_.request_id, status.to_string());
   }
   final_status_ = to_grpc(status);
@@ -471,7 +507,7 @@ void GenerateCall::on_write_done(bool ok) {
   writing_ = false;
   if (!out_.empty()) out_.pop_front();
   if (!ok) {
-    // The client went away: stop everything.
+    // The client went away: stop everything (nothing is in flight now).
     out_.clear();
     if (!ending_) end_locked(cancelled("the client stream broke"));
   }
@@ -479,20 +515,13 @@ void GenerateCall::on_write_done(bool ok) {
 }
 
 void GenerateCall::on_cancel() {
-  bool queued = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ending_) return;
-    queued = submitted_ && !placed_;
-  }
-  // A queued request leaves the scheduler's queue; its on_failed ends it (CANCELLED).
-  if (queued) fc_.scheduler->cancel(spec_.request_id);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    out_.clear();
-    end_locked(cancelled("the client cancelled the request"));
-  }
-  flush_scheduler();
+  FlushOnExit flush(*this);  // after the lock below is released: finished() leaves the queue too
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ending_) return;
+  // gRPC reports its own deadline as a cancellation.
+  const bool expired = server_ctx_->deadline() <= std::chrono::system_clock::now();
+  end_locked(expired ? deadline_exceeded("the request's deadline passed")
+                     : cancelled("the client cancelled the request"));
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* start_generate_call(FrontendContext& fc,

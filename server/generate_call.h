@@ -38,7 +38,9 @@ struct FrontendContext {
   WorkerPool* pool = nullptr;
   Metrics* metrics = nullptr;  // may be null
   std::string name;            // this frontend's listen address (metric label)
+  std::string instance;  // random per frontend process: makes request ids unique across frontends
   std::atomic<uint64_t>* next_id = nullptr;
+  std::atomic<int64_t>* live_calls = nullptr;  // GenerateCalls alive (stop() waits for zero)
   std::atomic<bool>* draining = nullptr;  // true: refuse new requests with UNAVAILABLE
 };
 

@@ -231,3 +231,14 @@ def test_worker_with_another_model_is_refused_at_kv_handoff(pb, baton_bin, test_
     assert got_first, "the first token comes before the hand-off"
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
     assert "fingerprint" in err.value.details()
+
+
+def test_clients_may_reuse_request_ids(pb, shared_server):
+    # Workers key requests by an id the frontend makes unique; the client's id is only echoed.
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(generate, pb, shared_server.address, request_id="same-id", prompt_token_ids=[5 + i, 6],
+                            max_tokens=20, ignore_eos=True) for i in range(4)]
+        results = [f.result() for f in futs]
+    for ids, final, msgs in results:
+        assert len(ids) == 20
+        assert all(m.request_id == "same-id" for m in msgs)
