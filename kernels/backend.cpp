@@ -14,6 +14,13 @@ const char* dtype_name(DType dtype) {
   return "?";
 }
 
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (name == dtype_name(d)) return d;
+  }
+  return std::nullopt;
+}
+
 size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 Tensor Tensor::col_slice(int64_t c0, int64_t n) const {

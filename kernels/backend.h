@@ -14,14 +14,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace baton {
 
 enum class DType { kF32, kBF16, kF16 };
 const char* dtype_name(DType dtype);
+// The inverse of dtype_name ("f32", "bf16", "f16"); nullopt for anything else.
+std::optional<DType> dtype_from_name(std::string_view name);
 size_t dtype_size(DType dtype);
 
 struct Tensor {

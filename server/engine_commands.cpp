@@ -22,10 +22,7 @@ namespace baton {
 namespace {
 
 // Bad input from the command line (prompt, flags) exits 2.
-int fail(const Status& s) {
-  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
-  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
-}
+int fail(const Status& s) { return exit_with_error(s); }
 
 // A model file that cannot be used (missing, truncated, corrupt, unsupported) exits 1.
 int fail_model(const Status& s) {
@@ -79,11 +76,8 @@ struct GenerateArgs {
   int block_size = 16;
 };
 
-DType parse_dtype(const std::string& s) {
-  if (s == "f32") return DType::kF32;
-  if (s == "f16") return DType::kF16;
-  return DType::kBF16;
-}
+// Flags are checked against the dtype names by CLI11 before this runs.
+DType parse_dtype(const std::string& s) { return dtype_from_name(s).value(); }
 
 int run_generate(const GenerateArgs& a) {
   auto file = GgufFile::open(a.model);
@@ -186,6 +180,11 @@ int run_tokenize(const std::string& model, const std::string& text, bool no_spec
 }
 
 }  // namespace
+
+int exit_with_error(const Status& s) {
+  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
 
 void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   auto gen = std::make_shared<GenerateArgs>();

@@ -67,12 +67,10 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
-  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
-}
+int fail(const Status& s) { return exit_with_error(s); }
 
-DType dtype_of(const std::string& s) { return s == "f32" ? DType::kF32 : (s == "f16" ? DType::kF16 : DType::kBF16); }
+// Flags are checked against the dtype names by CLI11 before this runs.
+DType dtype_of(const std::string& s) { return dtype_from_name(s).value(); }
 
 // A loaded model with its own backend (Model::forward is not reentrant: one per engine).
 struct LoadedModel {
@@ -149,11 +147,20 @@ void block_signals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+// Each role drains the same way: report draining (frontends route around it) and NOT_SERVING,
+// let in-flight calls finish within `grace` (new ones get UNAVAILABLE), then stop the engine.
 struct DecodeRole {
   LoadedModel m;
   std::unique_ptr<DecodeEngine> engine;
   std::unique_ptr<DecodeService> service;
   std::unique_ptr<RpcServer> server;
+
+  void drain(std::chrono::seconds grace) {
+    service->set_draining(true);
+    server->set_not_serving();
+    server->shutdown(grace);
+    engine->stop();
+  }
 };
 
 // `name` labels metrics and logs: the listen address, or "decode-N" in `baton local` where the
@@ -183,6 +190,13 @@ struct PrefillRole {
   std::unique_ptr<PrefillEngine> engine;
   std::unique_ptr<PrefillService> service;
   std::unique_ptr<RpcServer> server;
+
+  void drain(std::chrono::seconds grace) {
+    service->set_draining(true);
+    server->set_not_serving();
+    server->shutdown(grace);
+    engine->stop();
+  }
 };
 
 Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, const std::string& name,
@@ -207,6 +221,13 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std
 struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
   std::unique_ptr<RpcServer> server;
+
+  void drain(std::chrono::seconds grace) {
+    frontend->set_draining();
+    server->set_not_serving();
+    server->shutdown(grace);
+    frontend->stop();
+  }
 };
 
 Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const std::string& listen, const std::string& name,
@@ -256,20 +277,14 @@ int run_serve(const ServeArgs& a) {
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
     wait_for_signal();
-    (*r)->service->set_draining(true);
-    (*r)->server->set_not_serving();
-    (*r)->server->shutdown(grace);
-    (*r)->engine->stop();
+    (*r)->drain(grace);
   } else if (a.role == "prefill") {
     auto r = start_prefill(a, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
     wait_for_signal();
-    (*r)->service->set_draining(true);
-    (*r)->server->set_not_serving();
-    (*r)->server->shutdown(grace);
-    (*r)->engine->stop();
+    (*r)->drain(grace);
   } else {
     auto r = start_frontend(a, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
                             split_list(a.decode_addresses), &metrics);
@@ -277,10 +292,7 @@ int run_serve(const ServeArgs& a) {
     spdlog::info("frontend serving on port {}", (*r)->server->port());
     print_listening((*r)->server->port());
     wait_for_signal();
-    (*r)->frontend->set_draining();
-    (*r)->server->set_not_serving();
-    (*r)->server->shutdown(grace);
-    (*r)->frontend->stop();
+    (*r)->drain(grace);
   }
   spdlog::info("drained; exiting");
   return 0;
@@ -319,18 +331,9 @@ int run_local(const ServeArgs& a) {
   print_listening((*fe)->server->port());
   wait_for_signal();
   // The frontend drains first (its in-flight requests still need the workers), then the workers.
-  (*fe)->frontend->set_draining();
-  (*fe)->server->set_not_serving();
-  (*fe)->server->shutdown(grace);
-  (*fe)->frontend->stop();
-  for (auto& p : prefillers) {
-    p->server->shutdown(std::chrono::seconds(5));
-    p->engine->stop();
-  }
-  for (auto& d : decoders) {
-    d->server->shutdown(std::chrono::seconds(5));
-    d->engine->stop();
-  }
+  (*fe)->drain(grace);
+  for (auto& p : prefillers) p->drain(std::chrono::seconds(5));
+  for (auto& d : decoders) d->drain(std::chrono::seconds(5));
   spdlog::info("drained; exiting");
   return 0;
 }
