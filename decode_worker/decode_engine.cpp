@@ -490,14 +490,10 @@ void DecodeEngine::step(const std::vector<SeqPtr>& batch, std::vector<int32_t>* 
                 "position %d beyond the reserved blocks of request %s", s->position, s->admit.request_id.c_str());
     b.add(std::span(&s->next_token, 1), s->position, s->table, Logits::kLast);
   }
-  model_.forward(b, *cache_, &logits_);
-  const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
-  BATON_CHECK(logits_.size() == batch.size() * n_vocab, "forward returned %zu logits for %zu sequences", logits_.size(),
-              batch.size());
-  sampled->resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    (*sampled)[i] = batch[i]->sampler.sample(std::span<const float>(logits_).subspan(i * n_vocab, n_vocab));
-  }
+  // Sampled where the logits are: on a GPU only the ids come back.
+  specs_.clear();
+  for (const SeqPtr& s : batch) specs_.push_back(s->sampler.next_spec());
+  model_.forward_sample(b, *cache_, specs_, sampled);
 }
 
 // ---- helpers (under mu_) ------------------------------------------------------------------------

@@ -176,7 +176,7 @@ class DecodeEngine final : public KvReceiver {
   bool started_ = false;
   bool stopping_ = false;  // stop() called: refuse new work
   std::thread thread_;
-  std::vector<float> logits_;  // engine thread: [batch, n_vocab] of the current step
+  std::vector<SampleSpec> specs_;  // engine thread: the current step's sampling, one per sequence
 
   // Metrics (null when no registry).
   prometheus::Gauge* g_running_ = nullptr;

@@ -1,7 +1,12 @@
 #include "kernels/backend.h"
 
+#include <atomic>
+
 #include "common/check.h"
 #include "kernels/cpu/cpu_backend.h"
+#if BATON_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace baton {
 
@@ -41,17 +46,36 @@ Tensor Tensor::row_slice(int64_t r0, int64_t n) const {
   return t;
 }
 
+KvCache::KvCache(KvCacheConfig config) : config_(config) {
+  static std::atomic<uint64_t> next{1};
+  uid_ = next.fetch_add(1);
+}
+
 Tensor Backend::alloc_tensor(int64_t rows, int64_t cols, DType dtype, Buffer* holder) {
   size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * dtype_size(dtype);
   *holder = alloc(bytes);
   return Tensor{holder->get(), dtype, rows, cols, cols};
 }
 
+void Backend::sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens) {
+  BATON_CHECK(logits.rows == static_cast<int64_t>(specs.size()), "%ld logit rows for %zu sampling specs",
+              static_cast<long>(logits.rows), specs.size());
+  std::vector<float> host(static_cast<size_t>(logits.rows * logits.cols));
+  download_f32(logits, host.data());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tokens[i] = sample_logits(std::span<const float>(host).subspan(i * logits.cols, logits.cols), specs[i]);
+  }
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* error) {
   if (options.device == "cpu") return make_cpu_backend(options, error);
   if (options.device.rfind("cuda", 0) == 0) {
-    *error = "device '" + options.device + "' is not available: this build of baton has no CUDA backend";
+#if BATON_WITH_CUDA
+    return make_cuda_backend(options, error);
+#else
+    *error = "device '" + options.device + "' is not available: this build of baton has no CUDA backend (rebuild with the CUDA toolkit and -DBATON_CUDA=ON)";
     return nullptr;
+#endif
   }
   *error = "unknown device '" + options.device + "' (expected cpu or cuda[:N])";
   return nullptr;

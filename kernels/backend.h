@@ -13,12 +13,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kernels/sampling.h"
 
 namespace baton {
 
@@ -91,12 +94,15 @@ class KvCache {
  public:
   virtual ~KvCache() = default;
   const KvCacheConfig& config() const { return config_; }
+  // Unique among every cache this process makes (a new cache at a freed one's address differs).
+  uint64_t uid() const { return uid_; }
 
  protected:
-  explicit KvCache(KvCacheConfig config) : config_(config) {}
+  explicit KvCache(KvCacheConfig config);
 
  private:
   KvCacheConfig config_;
+  uint64_t uid_;
 };
 
 // One sequence's part of a step. Its new tokens are batch rows [row0, row0 + n_new), at positions
@@ -120,8 +126,14 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // The dtype gemm computes in (f32 or bf16); activations between ops are f32 on CPU.
+  // The dtype gemm computes in (f32 or bf16).
   virtual DType compute_dtype() const = 0;
+  // The dtype of the activations the model passes between ops (normed inputs, q/k/v, attention
+  // output, FFN): f32 on CPU, bf16 on CUDA. The residual stream and logits stay f32 everywhere.
+  // Every op accepts f32 and this dtype for its tensors.
+  virtual DType activation_dtype() const { return DType::kF32; }
+  // False for KV cache dtypes this backend's attention cannot read.
+  virtual bool supports_kv_dtype(DType dtype) const { return true; }
 
   // ---- memory ----
   virtual Buffer alloc(size_t bytes) = 0;
@@ -166,6 +178,24 @@ class Backend {
   // Never materialises a T×T matrix (online softmax over key tiles).
   virtual void attention(const Tensor& q, const KvCache& cache, int layer, const BatchView& batch,
                          int n_head, float scale, const Tensor& out) = 0;
+
+  // ---- steps ----
+  // A model step brackets its ops with begin_step/end_step. Between them, ops may rely on `batch`
+  // and `logit_rows` (host arrays that stay unchanged until end_step) having been copied to the
+  // device once, so per-op host pointers equal to these are not copied again.
+  virtual void begin_step(const BatchView& batch, std::span<const int32_t> logit_rows) {}
+  virtual void end_step() {}
+  // Runs a step's ops (`body`). A backend may record them on first use of `key` and replay the
+  // recording for later steps with the same key (CUDA graphs for decode steps); `key` must then
+  // change whenever anything the body's launches depend on changes apart from the step's
+  // metadata copied by begin_step (buffer addresses, shapes). The CPU runs the body.
+  virtual void run_step(const BatchView& batch, uint64_t key, const std::function<void()>& body) { body(); }
+
+  // ---- sampling ----
+  // tokens[i] = a token drawn from logits row i ([specs.size(), n_vocab] f32) as `specs[i]` says
+  // (sample_logits in kernels/sampling.h is the definition). The default copies the logits to
+  // the host; a device backend samples where the logits are and copies back only the ids.
+  virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens);
 };
 
 struct BackendOptions {

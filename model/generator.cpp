@@ -62,9 +62,10 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   auto t1 = std::chrono::steady_clock::now();
   Sampler sampler(opt.sampling);
   res.finish_reason = "length";
-  std::vector<float> step_logits = res.last_logits;
+  // Decode steps sample where the logits are (on a GPU only the ids come back).
+  int32_t id = sampler.sample(res.last_logits);
+  std::vector<int32_t> sampled;
   for (int i = 0; i < opt.max_tokens; ++i) {
-    const int32_t id = sampler.sample(step_logits);
     res.tokens.push_back(id);
     const bool is_stop = !opt.ignore_eos && std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end();
     const bool keep_going = on_token ? on_token(id) : true;
@@ -75,7 +76,9 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
     if (i + 1 == opt.max_tokens) break;
     batch.clear();
     batch.add(std::span(&res.tokens.back(), 1), static_cast<int32_t>(n_prompt + i), table, Logits::kLast);
-    model_.forward(batch, *cache, &step_logits);
+    const SampleSpec spec = sampler.next_spec();
+    model_.forward_sample(batch, *cache, std::span(&spec, 1), &sampled);
+    id = sampled[0];
   }
   res.decode_seconds = seconds_since(t1);
   pool.release(table);

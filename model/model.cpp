@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +67,12 @@ void timed(Backend& be, const char* op, F&& fn) {
   fn();
   be.synchronize();
   prof.add(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Process-unique: two models on one backend never share a step key.
+uint64_t next_buffers_generation() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
 }
 
 }  // namespace
@@ -151,22 +158,55 @@ std::unique_ptr<KvCache> Model::make_kv_cache(int n_blocks, int block_size, DTyp
 void Model::reserve(int64_t n) {
   if (n <= capacity_) return;
   const ModelConfig& c = config_;
+  const DType act = backend_.activation_dtype();
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t qkv_dim = q_dim + 2 * static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
-  x_ = backend_.alloc_tensor(n, c.dim, DType::kF32, &x_buf_);
-  h_ = backend_.alloc_tensor(n, c.dim, DType::kF32, &h_buf_);
-  qkv_ = backend_.alloc_tensor(n, qkv_dim, DType::kF32, &qkv_buf_);
-  att_ = backend_.alloc_tensor(n, q_dim, DType::kF32, &att_buf_);
-  ffn_ = backend_.alloc_tensor(n, 2 * static_cast<int64_t>(c.ffn_dim), DType::kF32, &ffn_buf_);
-  act_ = backend_.alloc_tensor(n, c.ffn_dim, DType::kF32, &act_buf_);
+  x_ = backend_.alloc_tensor(n, c.dim, DType::kF32, &x_buf_);  // the residual stream stays f32
+  h_ = backend_.alloc_tensor(n, c.dim, act, &h_buf_);
+  qkv_ = backend_.alloc_tensor(n, qkv_dim, act, &qkv_buf_);
+  att_ = backend_.alloc_tensor(n, q_dim, act, &att_buf_);
+  ffn_ = backend_.alloc_tensor(n, 2 * static_cast<int64_t>(c.ffn_dim), act, &ffn_buf_);
+  act_ = backend_.alloc_tensor(n, c.ffn_dim, act, &act_buf_);
   capacity_ = n;
+  buffers_generation_ = next_buffers_generation();
+}
+
+void Model::reserve_logits(int64_t n_out) {
+  if (n_out <= logits_capacity_) return;
+  const ModelConfig& c = config_;
+  sel_ = backend_.alloc_tensor(n_out, c.dim, DType::kF32, &sel_buf_);
+  normed_ = backend_.alloc_tensor(n_out, c.dim, backend_.activation_dtype(), &normed_buf_);
+  logits_ = backend_.alloc_tensor(n_out, c.n_vocab, DType::kF32, &logits_buf_);
+  logits_capacity_ = n_out;
+  buffers_generation_ = next_buffers_generation();
 }
 
 void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* logits) {
+  const int64_t n_out = static_cast<int64_t>(batch.logit_rows().size());
+  logits->assign(static_cast<size_t>(n_out) * config_.n_vocab, 0.0f);
+  run(batch, cache);
+  if (n_out > 0) timed(backend_, "logits_out", [&] { backend_.download_f32(logits_.row_slice(0, n_out), logits->data()); });
+}
+
+void Model::forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
+                           std::vector<int32_t>* tokens) {
+  BATON_CHECK(specs.size() == batch.logit_rows().size(), "%zu sampling specs for %zu logit rows", specs.size(),
+              batch.logit_rows().size());
+  tokens->assign(specs.size(), 0);
+  run(batch, cache);
+  if (!specs.empty()) {
+    timed(backend_, "sample", [&] { backend_.sample(logits_.row_slice(0, static_cast<int64_t>(specs.size())), specs, tokens->data()); });
+  }
+}
+
+void Model::run(const StepBatch& batch, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t n = batch.n_tokens();
   BATON_CHECK(n > 0, "forward of an empty batch");
+  const auto& rows = batch.logit_rows();
+  const int64_t n_out = static_cast<int64_t>(rows.size());
   reserve(n);
+  reserve_logits(n_out);
   Backend& be = backend_;
   const BatchView view = batch.view();
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
@@ -176,36 +216,45 @@ void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* 
   const Tensor q = qkv.col_slice(0, q_dim), k = qkv.col_slice(q_dim, kv_dim), v = qkv.col_slice(q_dim + kv_dim, kv_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
-  timed(be, "embed", [&] { be.embed(*tok_embd_, batch.tokens().data(), n, x); });
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = layers_[l];
-    timed(be, "rms_norm", [&] { be.rms_norm(x, *w.attn_norm, c.rms_eps, h); });
-    timed(be, "gemm_qkv", [&] { be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false); });
-    timed(be, "rope", [&] { be.rope(q, k, view.positions, c.head_dim, c.rope); });
-    timed(be, "kv_write", [&] { be.kv_write(cache, l, k, v, view); });
-    timed(be, "attention", [&] { be.attention(q, cache, l, view, c.n_heads, scale, att); });
-    // Residual adds are fused into the projections: x += attn · Woᵀ, x += act · W_downᵀ.
-    timed(be, "gemm_o", [&] { be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true); });
-    timed(be, "rms_norm", [&] { be.rms_norm(x, *w.ffn_norm, c.rms_eps, h); });
-    timed(be, "gemm_up", [&] { be.gemm(h, *w.w_gate_up, nullptr, ffn, false); });
-    timed(be, "silu_mul", [&] { be.silu_mul(ffn, act); });
-    timed(be, "gemm_down", [&] { be.gemm(act, *w.w_down, nullptr, x, /*accumulate=*/true); });
-  }
+  auto body = [&] {
+    timed(be, "embed", [&] { be.embed(*tok_embd_, batch.tokens().data(), n, x); });
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& w = layers_[l];
+      timed(be, "rms_norm", [&] { be.rms_norm(x, *w.attn_norm, c.rms_eps, h); });
+      timed(be, "gemm_qkv", [&] { be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false); });
+      timed(be, "rope", [&] { be.rope(q, k, view.positions, c.head_dim, c.rope); });
+      timed(be, "kv_write", [&] { be.kv_write(cache, l, k, v, view); });
+      timed(be, "attention", [&] { be.attention(q, cache, l, view, c.n_heads, scale, att); });
+      // Residual adds are fused into the projections: x += attn · Woᵀ, x += act · W_downᵀ.
+      timed(be, "gemm_o", [&] { be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true); });
+      timed(be, "rms_norm", [&] { be.rms_norm(x, *w.ffn_norm, c.rms_eps, h); });
+      timed(be, "gemm_up", [&] { be.gemm(h, *w.w_gate_up, nullptr, ffn, false); });
+      timed(be, "silu_mul", [&] { be.silu_mul(ffn, act); });
+      timed(be, "gemm_down", [&] { be.gemm(act, *w.w_down, nullptr, x, /*accumulate=*/true); });
+    }
+    if (n_out == 0) return;
+    timed(be, "lm_head", [&] {
+      const Tensor sel = sel_.row_slice(0, n_out), normed = normed_.row_slice(0, n_out);
+      be.gather_rows(x, rows.data(), n_out, sel);
+      be.rms_norm(sel, *out_norm_, c.rms_eps, normed);
+      be.gemm(normed, *lm_head_, nullptr, logits_.row_slice(0, n_out), false);
+    });
+  };
 
-  const auto& rows = batch.logit_rows();
-  const int64_t n_out = static_cast<int64_t>(rows.size());
-  logits->assign(static_cast<size_t>(n_out) * c.n_vocab, 0.0f);
-  if (n_out == 0) return;
-  Buffer sel_buf, norm_buf, out_buf;
-  Tensor sel = be.alloc_tensor(n_out, c.dim, DType::kF32, &sel_buf);
-  Tensor normed = be.alloc_tensor(n_out, c.dim, DType::kF32, &norm_buf);
-  Tensor out = be.alloc_tensor(n_out, c.n_vocab, DType::kF32, &out_buf);
-  timed(be, "lm_head", [&] {
-    be.gather_rows(x, rows.data(), n_out, sel);
-    be.rms_norm(sel, *out_norm_, c.rms_eps, normed);
-    be.gemm(normed, *lm_head_, nullptr, out, false);
-    be.download_f32(out, logits->data());
-  });
+  be.begin_step(view, rows);
+  if (OpProfile::get().enabled()) {
+    body();  // per-op synchronisation cannot be recorded
+  } else {
+    // Everything the recorded launches depend on besides the step's metadata: the shapes, the
+    // activation buffers (their generation: a reallocated buffer may reuse a freed address) and
+    // the cache.
+    uint64_t key = 1469598103934665603ull;
+    for (uint64_t part : {static_cast<uint64_t>(n), static_cast<uint64_t>(n_out), buffers_generation_, cache.uid()}) {
+      key = (key ^ part) * 1099511628211ull;
+    }
+    be.run_step(view, key, body);
+  }
+  be.end_step();
 }
 
 }  // namespace baton

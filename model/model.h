@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -44,11 +45,18 @@ class Model {
   // Runs one step over every token of `batch`: writes their K/V into `cache` and fills `logits`
   // with [batch.logit_rows().size(), n_vocab] floats, in the batch's order.
   void forward(const StepBatch& batch, KvCache& cache, std::vector<float>* logits);
+  // The same step, but samples a token from each logits row where the logits are (one spec per
+  // row of batch.logit_rows(), see Sampler::next_spec) and returns only the ids.
+  void forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
+                      std::vector<int32_t>* tokens);
 
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
   Status load_weights(const GgufFile& file, const LoadProgress& progress);
   void reserve(int64_t n_tokens);
+  void reserve_logits(int64_t n_rows);
+  // The step's ops up to the logits (in logits_), between the backend's begin/end_step.
+  void run(const StepBatch& batch, KvCache& cache);
 
   ModelConfig config_;
   std::string fingerprint_;
@@ -58,10 +66,16 @@ class Model {
   std::unique_ptr<Matrix> lm_head_;    // (n_vocab, dim) gemm weight
   std::vector<LayerWeights> layers_;
 
-  // Activations, sized for `capacity_` tokens and grown on demand.
+  // Activations, sized for `capacity_` tokens and grown on demand. x_ is the f32 residual stream;
+  // the others are in the backend's activation dtype.
   int64_t capacity_ = 0;
   Buffer x_buf_, h_buf_, qkv_buf_, att_buf_, ffn_buf_, act_buf_;
-  Tensor x_, h_, qkv_, att_, ffn_, act_;
+  Tensor x_, h_, qkv_, att_, ffn_, act_;  // (n, dim) (n, dim) (n, qkv_dim) (n, q_dim) (n, 2 ffn) (n, ffn)
+  // The LM head's rows, sized for `logits_capacity_` rows: selected x rows (f32), normed, logits (f32).
+  int64_t logits_capacity_ = 0;
+  Buffer sel_buf_, normed_buf_, logits_buf_;
+  Tensor sel_, normed_, logits_;  // (n_out, dim) (n_out, dim) (n_out, n_vocab)
+  uint64_t buffers_generation_ = 0;  // process-unique, renewed whenever a buffer above is reallocated
 };
 
 }  // namespace baton

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/sampling.h"
 
 namespace baton {
 
@@ -25,6 +26,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   int32_t sample(std::span<const float> logits);
+  // The spec for the next draw (advancing the stream as sample() would), for sampling on the
+  // device: Backend::sample(logits, {next_spec()}) picks what sample(logits) would.
+  SampleSpec next_spec();
   // Advances the random stream past `n` samples, as if sample() had been called n times (one
   // draw each when temperature > 0, none when greedy). A decode worker continuing a request whose
   // first token the prefill worker sampled calls skip(1), so disaggregated and single-process
@@ -36,10 +40,6 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
 };
-
-// Index of the largest logit; the lowest index wins ties.
-int32_t argmax(std::span<const float> logits);
 
 }  // namespace baton

@@ -299,23 +299,23 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     batch_.add(std::span<const int32_t>(s.job->spec.tokens).subspan(s.start, s.n), s.start, s.job->blocks,
                last ? Logits::kLast : Logits::kNone);
   }
-  model_.forward(batch_, *cache_, &logits_);
+  // First tokens, sampled at each finished prompt's last position (logits rows in slice order),
+  // where the logits are: on a GPU only the ids come back.
+  std::vector<std::shared_ptr<Job>> finished;
+  std::vector<SampleSpec> specs;
+  for (const Slice& s : slices) {
+    if (s.start + s.n != s.job->n_tokens()) continue;
+    Sampler sampler(s.job->spec.sampling);
+    sampler.skip(s.job->spec.n_generated);
+    specs.push_back(sampler.next_spec());
+    finished.push_back(s.job);
+  }
+  std::vector<int32_t> first_tokens;
+  model_.forward_sample(batch_, *cache_, specs, &first_tokens);
   const Clock::time_point done = Clock::now();
   n_steps_++;
   if (metrics_) step_tokens_hist_->Observe(static_cast<double>(batch_.n_tokens()));
-
-  // First tokens, sampled at each finished prompt's last position (logits rows in slice order).
-  std::vector<std::shared_ptr<Job>> finished;
-  size_t row = 0;
-  for (const Slice& s : slices) {
-    if (s.start + s.n != s.job->n_tokens()) continue;
-    const std::span<const float> logits(logits_.data() + row * n_vocab_, n_vocab_);
-    ++row;
-    Sampler sampler(s.job->spec.sampling);
-    sampler.skip(s.job->spec.n_generated);
-    s.job->first_token = sampler.sample(logits);
-    finished.push_back(s.job);
-  }
+  for (size_t i = 0; i < finished.size(); ++i) finished[i]->first_token = first_tokens[i];
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Slice& s : slices) s.job->n_done += s.n;

@@ -176,7 +176,6 @@ class PrefillEngine {
 
   // Reused across steps (engine thread only).
   StepBatch batch_;
-  std::vector<float> logits_;
 };
 
 }  // namespace baton

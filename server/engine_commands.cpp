@@ -71,8 +71,9 @@ struct GenerateArgs {
   std::string logits_out;
   std::string logits_all_out;
   int threads = 0;
+  std::string device = "cpu";
   std::string dtype = "bf16";
-  std::string kv_dtype = "f32";
+  std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
   int block_size = 16;
 };
 
@@ -114,11 +115,18 @@ int run_generate(const GenerateArgs& a) {
   }
 
   BackendOptions bo;
+  bo.device = a.device;
   bo.dtype = parse_dtype(a.dtype);
   bo.n_threads = a.threads;
   std::string error;
   auto backend = make_backend(bo, &error);
   if (!backend) return fail(invalid_argument(error));
+  const DType kv_dtype = a.kv_dtype.empty() ? backend->activation_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16
+                                            : parse_dtype(a.kv_dtype);
+  if (!backend->supports_kv_dtype(kv_dtype)) {
+    return fail(invalid_argument(std::string("--kv-dtype ") + dtype_name(kv_dtype) + " is not supported on " +
+                                 backend->name() + " (the CUDA backend keeps its KV cache in bf16)"));
+  }
   // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
   auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{});
   if (!model.ok()) return fail_model(model.status());
@@ -130,7 +138,7 @@ int run_generate(const GenerateArgs& a) {
   go.ignore_eos = a.ignore_eos;
   go.stop_ids = tok.stop_ids();
   go.block_size = a.block_size;
-  go.kv_dtype = parse_dtype(a.kv_dtype);
+  go.kv_dtype = kv_dtype;
   go.all_prompt_logits = !a.logits_all_out.empty();
 
   StreamDecoder decoder(tok);
@@ -209,9 +217,10 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   g->add_option("--logits-out", gen->logits_out, "Write the last prompt position's logits (.npy, float32)");
   g->add_option("--logits-all-out", gen->logits_all_out, "Write every prompt position's logits (.npy, [T, vocab])");
   g->add_option("--threads", gen->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  g->add_option("--dtype", gen->dtype, "GEMM compute type: bf16 (default where supported) or f32 (exact)")
+  g->add_option("--device", gen->device, "cpu, or cuda[:N] for the CUDA backend (bf16)");
+  g->add_option("--dtype", gen->dtype, "GEMM compute type: bf16 (default where supported) or f32 (exact, CPU only)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16 (default: f32 on CPU, bf16 on CUDA)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   g->add_option("--block-size", gen->block_size, "KV block size in tokens")->check(CLI::Range(1, 4096));
   g->callback([gen, run, g] {
     if (g->count("--prompt") + g->count("--chat") + g->count("--prompt-ids") == 0) {

@@ -10,6 +10,7 @@
 
 #include "kv/block_pool.h"
 #include "model/generator.h"
+#include "model/sampler.h"
 #include "model/test_model.h"
 #include "tests/unit/test_model_fixture.h"
 
@@ -104,6 +105,40 @@ TEST_CASE("several prompts in one step, mixed with a decode token, match each al
   CHECK(max_abs_diff(prefill_logits(model, fresh, 0), logits.data() + vocab) <= 1e-4);
   for (auto& t : tables) pool.release(t);
   CHECK(pool.n_free() == pool.n_total());
+}
+
+TEST_CASE("forward_sample draws what the host sampler draws from forward's logits", "[model]") {
+  Fixture fx(TestModelSpec{});
+  Model& model = *fx.model;
+  std::mt19937 rng(std::random_device{}());
+  const int vocab = model.config().n_vocab;
+  BlockPool pool(256, 8);
+  auto cache = model.make_kv_cache(pool.n_total(), pool.block_size(), DType::kF32);
+  std::vector<std::vector<int32_t>> prompts, tables(6);
+  StepBatch batch;
+  std::vector<SamplingParams> params(6);
+  for (size_t i = 0; i < params.size(); ++i) {
+    prompts.push_back(random_prompt(rng, 1 + static_cast<int>(rng() % 30), vocab));
+    REQUIRE(pool.grow_to(tables[i], static_cast<int64_t>(prompts[i].size())));
+    batch.add(prompts[i], 0, tables[i], Logits::kLast);
+    params[i].temperature = i == 0 ? 0.0f : 0.5f + static_cast<float>(i) * 0.2f;
+    params[i].top_k = i % 2 ? 10 : 0;
+    params[i].top_p = i % 3 ? 0.8f : 1.0f;
+    params[i].seed = rng();
+  }
+  std::vector<float> logits;
+  model.forward(batch, *cache, &logits);
+  std::vector<SampleSpec> specs;
+  std::vector<int32_t> want;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Sampler a(params[i]), b(params[i]);
+    want.push_back(a.sample(std::span<const float>(logits).subspan(i * vocab, vocab)));
+    specs.push_back(b.next_spec());
+  }
+  std::vector<int32_t> got;
+  model.forward_sample(batch, *cache, specs, &got);  // rewrites the same KV with the same values
+  CHECK(got == want);
+  for (auto& t : tables) pool.release(t);
 }
 
 TEST_CASE("generation is deterministic for a seed and validates its input", "[model]") {

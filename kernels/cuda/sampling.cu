@@ -1,0 +1,199 @@
+#include "kernels/cuda/sampling.h"
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include "common/check.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace baton::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+// The pick kernel keeps doubles and two CUB collectives in flight: at 1024 threads it would have
+// 64 registers and spill; 512 gives it room.
+constexpr int kPickThreads = 512;
+// Rows sorted per radix-sort call: bounds the scratch (keys and ids of this many rows).
+constexpr int kSortRows = 32;
+
+struct ArgMax {
+  float v;
+  int32_t i;
+};
+struct ArgMaxOp {
+  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
+    return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+  }
+};
+
+__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t ld, int vocab, int32_t* out) {
+  using Reduce = cub::BlockReduce<ArgMax, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const float* row = logits + blockIdx.x * ld;
+  ArgMax best{-INFINITY, INT32_MAX};
+  for (int i = threadIdx.x; i < vocab; i += kThreads) best = ArgMaxOp()(best, ArgMax{row[i], i});
+  best = Reduce(tmp).Reduce(best, ArgMaxOp());
+  if (threadIdx.x == 0) out[blockIdx.x] = best.i < vocab ? best.i : 0;
+}
+
+// keys[r * vocab + i] = logits[r][i], ids[...] = i: the sort's input for `rows` rows from row0.
+__global__ void sort_input_kernel(const float* logits, int64_t ld, int vocab, float* keys, int32_t* ids) {
+  const float* row = logits + blockIdx.x * ld;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    keys[static_cast<int64_t>(blockIdx.x) * vocab + i] = row[i];
+    ids[static_cast<int64_t>(blockIdx.x) * vocab + i] = i;
+  }
+}
+
+__global__ void segment_offsets_kernel(int rows, int vocab, int* offsets) {
+  for (int r = threadIdx.x; r <= rows; r += blockDim.x) offsets[r] = r * vocab;
+}
+
+// One block per row of sorted (descending) logits: the CPU's sample_logits over the sorted order.
+__global__ void __launch_bounds__(kPickThreads)
+    pick_kernel(const float* sorted, const int32_t* ids, int vocab, const SampleSpec* specs, int32_t* out) {
+  using Reduce = cub::BlockReduce<double, kPickThreads>;
+  using Scan = cub::BlockScan<double, kPickThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ double s_total;
+  __shared__ int s_found;
+  const SampleSpec spec = specs[blockIdx.x];
+  const float* row = sorted + static_cast<int64_t>(blockIdx.x) * vocab;
+  const int32_t* row_ids = ids + static_cast<int64_t>(blockIdx.x) * vocab;
+  if (spec.temperature == 0.0f) {
+    if (threadIdx.x == 0) out[blockIdx.x] = row_ids[0];
+    return;
+  }
+  const float mx = row[0];
+  const double t = spec.temperature;
+  auto prob = [&](int i) { return exp(static_cast<double>(row[i] - mx) / t); };
+  int keep = spec.top_k > 0 && spec.top_k < vocab ? spec.top_k : vocab;
+
+  double part = 0.0;
+  for (int i = threadIdx.x; i < keep; i += kPickThreads) part += prob(i);
+  double total = Reduce(tmp.reduce).Sum(part);
+  if (threadIdx.x == 0) s_total = total;
+  __syncthreads();
+  total = s_total;
+
+  // Finds the first index i in [0, keep) whose inclusive prefix sum of probabilities satisfies
+  // `hit(prefix)`; keep when none does.
+  auto first_hit = [&](auto hit) {
+    if (threadIdx.x == 0) s_found = keep;
+    __syncthreads();
+    double running = 0.0;
+    for (int base = 0; base < keep; base += kPickThreads) {
+      const int i = base + threadIdx.x;
+      const double p = i < keep ? prob(i) : 0.0;
+      double prefix, chunk;
+      Scan(tmp.scan).InclusiveSum(p, prefix, chunk);
+      prefix += running;
+      if (i < keep && hit(prefix)) atomicMin(&s_found, i);
+      __syncthreads();
+      const bool done = s_found < keep;
+      __syncthreads();  // every thread has read s_found before the next round may lower it
+      if (done) break;
+      running += chunk;
+    }
+    const int found = s_found;
+    __syncthreads();
+    return found;
+  };
+
+  if (spec.top_p < 1.0f) {
+    const double top_p = spec.top_p;
+    const int cut = first_hit([&](double prefix) { return prefix / total >= top_p; });
+    if (cut < keep) keep = cut + 1;
+    part = 0.0;
+    for (int i = threadIdx.x; i < keep; i += kPickThreads) part += prob(i);
+    const double kept = Reduce(tmp.reduce).Sum(part);
+    if (threadIdx.x == 0) s_total = kept;
+    __syncthreads();
+    total = s_total;
+  }
+  const double r = spec.u * total;
+  const int pick = first_hit([&](double prefix) { return prefix > r; });
+  if (threadIdx.x == 0) out[blockIdx.x] = row_ids[pick < keep ? pick : keep - 1];
+}
+
+struct SortScratch {
+  float* keys_in;
+  float* keys_out;
+  int32_t* ids_in;
+  int32_t* ids_out;
+  int* offsets;
+  void* cub_tmp;
+  size_t cub_bytes;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+size_t cub_sort_bytes(int rows, int vocab) {
+  size_t bytes = 0;
+  CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr), static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<int64_t>(rows) * vocab, rows, static_cast<const int*>(nullptr),
+      static_cast<const int*>(nullptr)));
+  return bytes;
+}
+
+SortScratch carve(void* workspace, int rows, int vocab) {
+  const size_t n = static_cast<size_t>(rows) * vocab;
+  char* p = static_cast<char*>(workspace);
+  SortScratch s{};
+  s.keys_in = reinterpret_cast<float*>(p);
+  p += align256(n * sizeof(float));
+  s.keys_out = reinterpret_cast<float*>(p);
+  p += align256(n * sizeof(float));
+  s.ids_in = reinterpret_cast<int32_t*>(p);
+  p += align256(n * sizeof(int32_t));
+  s.ids_out = reinterpret_cast<int32_t*>(p);
+  p += align256(n * sizeof(int32_t));
+  s.offsets = reinterpret_cast<int*>(p);
+  p += align256((rows + 1) * sizeof(int));
+  s.cub_tmp = p;
+  s.cub_bytes = cub_sort_bytes(rows, vocab);
+  return s;
+}
+
+}  // namespace
+
+size_t sample_workspace_bytes(int rows, int vocab) {
+  const int r = rows < kSortRows ? rows : kSortRows;
+  const size_t n = static_cast<size_t>(r) * vocab;
+  return 2 * align256(n * sizeof(float)) + 2 * align256(n * sizeof(int32_t)) + align256((r + 1) * sizeof(int)) +
+         align256(cub_sort_bytes(r, vocab));
+}
+
+void sample_rows(const float* logits, int64_t ld, int rows, int vocab, const SampleSpec* specs_d, bool any_random,
+                 int32_t* out_d, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (!any_random) {
+    argmax_kernel<<<rows, kThreads, 0, stream>>>(logits, ld, vocab, out_d);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  BATON_CHECK(vocab < (1 << 30) / kSortRows, "vocabulary of %d too large to sort", vocab);
+  for (int r0 = 0; r0 < rows; r0 += kSortRows) {
+    const int r = rows - r0 < kSortRows ? rows - r0 : kSortRows;
+    BATON_CHECK(sample_workspace_bytes(r, vocab) <= workspace_bytes, "sampling workspace of %zu bytes is too small",
+                workspace_bytes);
+    SortScratch s = carve(workspace, r, vocab);
+    sort_input_kernel<<<r, 256, 0, stream>>>(logits + r0 * ld, ld, vocab, s.keys_in, s.ids_in);
+    CUDA_CHECK_LAUNCH();
+    segment_offsets_kernel<<<1, 256, 0, stream>>>(r, vocab, s.offsets);
+    CUDA_CHECK_LAUNCH();
+    size_t cub_bytes = s.cub_bytes;
+    CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(s.cub_tmp, cub_bytes, s.keys_in, s.keys_out, s.ids_in,
+                                                                 s.ids_out, static_cast<int64_t>(r) * vocab, r, s.offsets,
+                                                                 s.offsets + 1, 0, 32, stream));
+    pick_kernel<<<r, kPickThreads, 0, stream>>>(s.keys_out, s.ids_out, vocab, specs_d + r0, out_d + r0);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace baton::cuda

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries here (CUDA toolkit, no GPU needed) and packs them
+# with their non-system libraries into .device/bundle (ignored by git) for a GPU machine that
+# has no Debian packages:
+#
+#   scripts/gpu-bundle.sh            # → .device/bundle.tar.gz (+ the model in parts, see below)
+#   # there:  tar xzf .device/bundle.tar.gz -C .device && tests/gpu/run.sh --bundle .device/bundle
+#
+# The build is portable (-DBATON_NATIVE=OFF: the GPU machine's CPU is not this one) and targets
+# the default -gencode set (sm_90a, sm_80, compute_80 PTX). The SmolLM2 file (98 MB) is over the
+# device tool's 64 MiB per call, so it is split into .device/model.part-* of 40 MiB: carry the
+# bundle with the first part, the other parts in a second call to the still-warm machine;
+# tests/gpu/run.sh joins them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle_tool="${DEVICE_BUNDLE:-../shared/tools/device-bundle}"
+[ -x "$bundle_tool" ] || { echo "gpu-bundle: device-bundle not found at $bundle_tool (set DEVICE_BUNDLE)" >&2; exit 2; }
+cmake -S . -B build-gpu-bundle -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON \
+  -DBATON_NATIVE=OFF >/dev/null
+cmake --build build-gpu-bundle -j "$(nproc)" --target baton baton_gpu_tests baton_bench_gpu baton_bench_attention
+mkdir -p .device
+rm -rf .device/bundle .device/bundle.tar.gz
+"$bundle_tool" .device/bundle build-gpu-bundle/baton build-gpu-bundle/tests/gpu/baton_gpu_tests \
+  build-gpu-bundle/bench/gpu/baton_bench_gpu build-gpu-bundle/bench/gpu/baton_bench_attention
+rm -rf .device/bundle  # the tarball travels
+model="$(./scripts/fetch-model.sh)"
+rm -f .device/model.part-*
+split -b 40M "$model" .device/model.part-
+ls -la .device

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the GPU check, in one go on a machine with an NVIDIA GPU (sm_80 or newer):
+# builds the engine with CUDA (or takes a prebuilt bundle), runs the [gpu] tests, runs the GPU
+# benchmarks, and writes a Markdown report. Meant to finish in under 8 minutes.
+#
+#   tests/gpu/run.sh [--bundle DIR] [--out DIR]
+#
+#   --bundle DIR  binaries made by scripts/gpu-bundle.sh on another machine (DIR/run NAME runs
+#                 one); without it the script builds here: -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON
+#                 into build-gpu/, for this GPU's architecture only (CMAKE_PREFIX_PATH may point
+#                 at the engine's dependencies if the system has none).
+#   --out DIR     where the logs and gpu-report.md go (default: $OUT if set, else gpu-report/).
+#
+# The SmolLM2 parity test runs when BATON_MODEL names the GGUF file, or the file is in
+# ~/.cache/baton or .device/ (scripts/gpu-bundle.sh explains how to carry it); it says so when
+# skipped. Exit status: non-zero when the build or a test failed; benchmarks only report.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+bundle=""
+out="${OUT:-$root/gpu-report}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle=$(cd "$2" && pwd); shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "usage: tests/gpu/run.sh [--bundle DIR] [--out DIR]" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+report="$out/gpu-report.md"
+t_start=$(date +%s)
+log() { echo "[$(($(date +%s) - t_start)) s] $*"; }
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "tests/gpu/run.sh: no NVIDIA GPU here (nvidia-smi finds none); nothing to run" >&2
+  exit 77
+fi
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+log "GPU: $gpu_name (compute capability $cc)"
+
+# ---- binaries ----------------------------------------------------------------------------------
+# cmd NAME: the command line that runs binary NAME (paths without spaces).
+if [ -n "$bundle" ]; then
+  cmd() { echo "$bundle/run $1"; }
+  build_note="prebuilt bundle $bundle"
+else
+  gencode="-gencode=arch=compute_${cc},code=sm_${cc}"
+  [ "$cc" = 90 ] && gencode="-gencode=arch=compute_90a,code=sm_90a"
+  log "building (engine only, CUDA, $gencode)"
+  if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON \
+      "-DBATON_CUDA_GENCODE=$gencode" >"$out/build.log" 2>&1 ||
+     ! cmake --build build-gpu -j "$(nproc)" --target baton baton_gpu_tests baton_bench_gpu baton_bench_attention \
+      >>"$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    echo "tests/gpu/run.sh: the build failed (log: $out/build.log)" >&2
+    exit 1
+  fi
+  cmd() { find "$root/build-gpu" -type f -name "$1" -perm -u+x | head -1; }
+  build_note="built here into build-gpu/ ($gencode)"
+fi
+log "binaries: $build_note"
+
+# ---- the real model, if it is here --------------------------------------------------------------
+if [ -z "${BATON_MODEL:-}" ]; then
+  for f in "$HOME/.cache/baton/SmolLM2-135M-Instruct.Q4_1.gguf" "$root/.device/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+    [ -f "$f" ] && export BATON_MODEL=$f && break
+  done
+  # Carried in parts (the device tool moves at most 64 MiB per call): .device/model.part-*.
+  if [ -z "${BATON_MODEL:-}" ] && ls "$root"/.device/model.part-* >/dev/null 2>&1; then
+    cat "$root"/.device/model.part-* >/tmp/SmolLM2-135M-Instruct.Q4_1.gguf && export BATON_MODEL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+  fi
+fi
+log "model for the SmolLM2 parity test: ${BATON_MODEL:-none (skipped)}"
+
+# ---- tests -------------------------------------------------------------------------------------
+status=0
+log "running the [gpu] tests"
+# shellcheck disable=SC2046
+timeout 180 $(cmd baton_gpu_tests) "[gpu]" --durations yes >"$out/gpu-tests.log" 2>&1
+tests_rc=$?
+[ $tests_rc -ne 0 ] && status=1
+tail -5 "$out/gpu-tests.log"
+
+# ---- benchmarks ---------------------------------------------------------------------------------
+log "attention benchmark"
+timeout 60 $(cmd baton_bench_attention) >"$out/bench-attention.log" 2>&1
+log "end-to-end benchmark (cuBLAS peak, prefill MFU, decode)"
+timeout 150 $(cmd baton_bench_gpu) >"$out/bench-gpu.log" 2>&1
+log "done"
+
+# ---- report --------------------------------------------------------------------------------------
+python3 - "$out" "$gpu_name" "$build_note" "$tests_rc" "$(($(date +%s) - t_start))" >"$report" <<'PY'
+import json, pathlib, sys
+out, gpu, build, rc, secs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+rows = []
+for name in ("bench-attention.log", "bench-gpu.log"):
+    p = out / name
+    if p.exists():
+        for line in p.read_text(errors="replace").splitlines():
+            if line.startswith("BENCH_JSON "):
+                try:
+                    rows.append(json.loads(line[len("BENCH_JSON "):]))
+                except ValueError:
+                    pass
+tests = (out / "gpu-tests.log").read_text(errors="replace").splitlines() if (out / "gpu-tests.log").exists() else []
+print(f"# GPU report\n\nGPU: {gpu}. Binaries: {build}. Wall time: {secs} s.\n")
+print(f"## Tests ({'passed' if rc == 0 else 'FAILED, exit %d' % rc})\n")
+print("```")
+print("\n".join(tests[-15:]))
+print("```\n")
+print("## Benchmarks\n")
+if not rows:
+    print("(no benchmark output; see bench-*.log)")
+by = {}
+for r in rows:
+    by.setdefault(r.get("bench", "?"), []).append(r)
+for bench, rs in by.items():
+    keys = [k for k in rs[0] if k != "bench"]
+    print(f"### {bench}\n")
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rs:
+        print("| " + " | ".join(f"{r.get(k):.4g}" if isinstance(r.get(k), float) else str(r.get(k)) for k in keys) + " |")
+    print()
+PY
+cat "$report"
+exit $status
