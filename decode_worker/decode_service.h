@@ -7,6 +7,8 @@
 //               becomes the request's; cancelling it  → DecodeEngine::cancel
 //   Release     drop a reservation                    → DecodeEngine::release
 //   TransferKv  the prefill worker's KV hand-off      → kv/tcp's receive reactor into the engine
+//               (the cuda_ipc and nccl transports arrive over DecodeKvDevice instead: server/
+//               registers kv/kv_device_service.h next to this service, into the same engine)
 //   GetLoad     free blocks, running sequences, model
 //
 // Wiring (server/): build the engine with DecodeEngine::create, start() it, register this

@@ -19,6 +19,11 @@
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "kv/tcp/tcp_transport.h"
+#if BATON_WITH_CUDA_KV
+#include "kv/cuda_ipc/cuda_ipc_transport.h"
+#include "kv/kv_device_service.h"
+#include "kv/nccl/nccl_transport.h"
+#endif
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "prefill_worker/prefill_engine.h"
@@ -35,8 +40,10 @@ struct ServeArgs {
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen;  // "" = no metrics endpoint
   int threads = 0;
+  std::string device = "cpu";
   std::string dtype = "bf16";
-  std::string kv_dtype = "f32";
+  std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
+  std::string kv_transport = "tcp";  // prefill: how KV reaches decode workers (tcp | cuda_ipc | nccl)
   int block_size = 16;
   int kv_blocks = 0;
   // frontend
@@ -72,22 +79,71 @@ int fail(const Status& s) { return exit_with_error(s); }
 // Flags are checked against the dtype names by CLI11 before this runs.
 DType dtype_of(const std::string& s) { return dtype_from_name(s).value(); }
 
+#if BATON_WITH_CUDA_KV
+// The CUDA device ordinal of --device (cuda:N → N); 0 for cpu and plain cuda. The device KV
+// transports stage and receive payloads there.
+int cuda_device_index(const std::string& device) {
+  const auto colon = device.find(':');
+  if (device.rfind("cuda", 0) != 0 || colon == std::string::npos) return 0;
+  return std::atoi(device.c_str() + colon + 1);
+}
+#endif
+
+// --kv-transport against this build, before anything loads: cuda_ipc and nccl exist only in
+// builds with CUDA and NCCL.
+Status check_kv_transport(const std::string& transport) {
+#if BATON_WITH_CUDA_KV
+  (void)transport;
+  return {};
+#else
+  if (transport == "tcp") return {};
+  return invalid_argument("--kv-transport=" + transport +
+                          " is not available: this build of baton has no CUDA KV transports (rebuild with the CUDA "
+                          "toolkit, NCCL and -DBATON_CUDA=ON), or use --kv-transport=tcp");
+#endif
+}
+
+// The prefill role's sender; check_kv_transport passed.
+std::unique_ptr<KvTransport> make_kv_transport(const ServeArgs& a) {
+#if BATON_WITH_CUDA_KV
+  if (a.kv_transport == "cuda_ipc") {
+    CudaIpcKvConfig c;
+    c.device = cuda_device_index(a.device);
+    return std::make_unique<CudaIpcKvTransport>(c);
+  }
+  if (a.kv_transport == "nccl") {
+    NcclKvConfig c;
+    c.device = cuda_device_index(a.device);
+    return std::make_unique<NcclKvTransport>(c);
+  }
+#endif
+  return std::make_unique<TcpKvTransport>();
+}
+
 // A loaded model with its own backend (Model::forward is not reentrant: one per engine).
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<GgufFile> file;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
+  DType kv_dtype = DType::kF32;  // --kv-dtype, or the backend's default
 };
 
 Result<LoadedModel> load_model(const ServeArgs& a) {
   LoadedModel m;
   BackendOptions bo;
+  bo.device = a.device;
   bo.dtype = dtype_of(a.dtype);
   bo.n_threads = a.threads;
   std::string error;
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);
+  m.kv_dtype = a.kv_dtype.empty() ? (m.backend->activation_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16)
+                                  : dtype_of(a.kv_dtype);
+  if (!m.backend->supports_kv_dtype(m.kv_dtype)) {
+    return invalid_argument(std::string("--kv-dtype ") + dtype_name(m.kv_dtype) + " is not supported on " +
+                            m.backend->name() + " (the CUDA backend keeps its KV cache in bf16)");
+  }
   BATON_ASSIGN_OR_RETURN(m.file, GgufFile::open(a.model));
   BATON_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.file));
   BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend,
@@ -153,6 +209,10 @@ struct DecodeRole {
   LoadedModel m;
   std::unique_ptr<DecodeEngine> engine;
   std::unique_ptr<DecodeService> service;
+#if BATON_WITH_CUDA_KV
+  // Receives every device transport this build has (cuda_ipc, nccl); destroyed after the server.
+  std::unique_ptr<KvDeviceService> kv_device;
+#endif
   std::unique_ptr<RpcServer> server;
 
   void drain(std::chrono::seconds grace) {
@@ -172,7 +232,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   DecodeConfig dc;
   dc.max_batch = a.max_batch;
   dc.block_size = a.block_size;
-  dc.kv_dtype = dtype_of(a.kv_dtype);
+  dc.kv_dtype = r->m.kv_dtype;
   const int64_t ctx = r->m.model->config().n_ctx;
   // Default: room for 8 full-context sequences.
   dc.n_blocks = a.kv_blocks > 0 ? a.kv_blocks : static_cast<int>(8 * ((ctx + a.block_size - 1) / a.block_size));
@@ -180,13 +240,20 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
   r->engine->start();
   r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model);
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}));
+  std::vector<grpc::Service*> services = {r->service.get()};
+#if BATON_WITH_CUDA_KV
+  KvDeviceServiceConfig kc;
+  kc.device = cuda_device_index(a.device);
+  r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc);
+  services.push_back(r->kv_device.get());
+#endif
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services));
   return r;
 }
 
 struct PrefillRole {
   LoadedModel m;
-  std::unique_ptr<TcpKvTransport> transport;
+  std::unique_ptr<KvTransport> transport;
   std::unique_ptr<PrefillEngine> engine;
   std::unique_ptr<PrefillService> service;
   std::unique_ptr<RpcServer> server;
@@ -206,11 +273,11 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std
   PrefillConfig pc;
   pc.token_budget = a.prefill_token_budget;
   pc.block_size = a.block_size;
-  pc.kv_dtype = dtype_of(a.kv_dtype);
+  pc.kv_dtype = r->m.kv_dtype;
   pc.n_blocks = a.kv_blocks;
   pc.name = name;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
-  r->transport = std::make_unique<TcpKvTransport>();
+  r->transport = make_kv_transport(a);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
   r->engine->start();
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
@@ -263,6 +330,7 @@ void print_listening(int port) {
 int run_serve(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
+  if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
   const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
@@ -301,6 +369,13 @@ int run_serve(const ServeArgs& a) {
 int run_local(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
+  if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
+  if (a.kv_transport != "tcp") {
+    // A CUDA IPC handle cannot be opened by the process that made it, and NCCL refuses two ranks
+    // on one device: the device transports connect separate prefill and decode processes.
+    return fail(invalid_argument("baton local runs every role in one process: --kv-transport=" + a.kv_transport +
+                                 " needs separate prefill and decode processes (baton serve --role=...); use tcp"));
+  }
   const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
@@ -356,10 +431,15 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--metrics-listen", a.metrics_listen, "Prometheus /metrics address host:port")
       ->envname("BATON_METRICS_LISTEN");
   c->add_option("--threads", a.threads, "CPU threads per engine (0: all cores)")->envname("BATON_THREADS");
+  c->add_option("--device", a.device, "cpu, or cuda[:N] for the CUDA backend (bf16)")->envname("BATON_DEVICE");
   c->add_option("--dtype", a.dtype, "GEMM compute type")->check(CLI::IsMember({"f32", "bf16"}))->envname("BATON_DTYPE");
-  c->add_option("--kv-dtype", a.kv_dtype, "KV cache type")
+  c->add_option("--kv-dtype", a.kv_dtype, "KV cache type (default: f32 on CPU, bf16 on CUDA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->envname("BATON_KV_DTYPE");
+  c->add_option("--kv-transport", a.kv_transport,
+                "Prefill: how KV reaches decode workers: tcp (gRPC, anywhere), cuda_ipc (same node), nccl")
+      ->check(CLI::IsMember({"tcp", "cuda_ipc", "nccl"}))
+      ->envname("BATON_KV_TRANSPORT");
   c->add_option("--block-size", a.block_size, "KV block size in tokens")->check(CLI::Range(1, 4096))->envname("BATON_BLOCK_SIZE");
   c->add_option("--kv-blocks", a.kv_blocks, "KV blocks per worker (0: automatic)")
       ->check(CLI::NonNegativeNumber)

@@ -9,6 +9,7 @@
 
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "kv/kv_stream_check.h"
 
 namespace baton {
 
@@ -117,32 +118,6 @@ Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& 
 
 namespace {
 
-int64_t dtype_bytes(const std::string& dtype) {
-  if (dtype == "f32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
-  return 0;
-}
-
-Status check_header(const KvTransferHeader& h) {
-  if (h.request_id.empty()) return invalid_argument("the KV header has no request_id");
-  if (dtype_bytes(h.dtype) == 0)
-    return invalid_argument("the KV header's dtype '" + h.dtype + "' is not f32, bf16 or f16");
-  if (h.n_layers <= 0 || h.n_kv_heads <= 0 || h.head_dim <= 0 || h.n_tokens <= 0) {
-    return invalid_argument("the KV header's shape is not positive: n_layers " + std::to_string(h.n_layers) +
-                            ", n_kv_heads " + std::to_string(h.n_kv_heads) + ", head_dim " +
-                            std::to_string(h.head_dim) + ", n_tokens " + std::to_string(h.n_tokens));
-  }
-  if (kv_chunk_bytes(h, 1) > kMaxKvChunkBytes) {
-    return invalid_argument("one token's K of the KV header's shape exceeds the chunk limit of " +
-                            std::to_string(kMaxKvChunkBytes) + " bytes");
-  }
-  if (static_cast<int64_t>(h.token_ids.size()) != h.n_tokens) {
-    return invalid_argument("the KV header lists " + std::to_string(h.token_ids.size()) + " token ids for n_tokens " +
-                            std::to_string(h.n_tokens));
-  }
-  return {};
-}
-
 // One TransferKv call. Reads are strictly sequential (the next StartRead follows the previous
 // OnReadDone), and every receiver call is made from OnReadDone, so the receiver sees one call at
 // a time without a lock. A cancelled call completes its pending read with ok = false.
@@ -175,50 +150,24 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
 
   void OnDone() override {
     // Every path that finishes the call settles the receiver first; this covers anything else.
-    if (begun_ && !settled_) receiver_.kv_abort(header_.request_id);
+    if (begun_ && !settled_) receiver_.kv_abort(check_.header().request_id);
     delete this;
   }
 
  private:
   Status on_header() {
-    if (begun_) return invalid_argument("a second KV header in one transfer");
-    header_ = kv_header_from_proto(message_.header());
-    BATON_RETURN_IF_ERROR(check_header(header_));
-    BATON_RETURN_IF_ERROR(receiver_.kv_begin(header_));
+    BATON_RETURN_IF_ERROR(check_.begin(kv_header_from_proto(message_.header())));
+    BATON_RETURN_IF_ERROR(receiver_.kv_begin(check_.header()));
     begun_ = true;
-    next_token_.assign(header_.n_layers, 0);
     return {};
   }
 
   Status on_chunk() {
-    if (!begun_) return invalid_argument("the first KV message must be the header");
-    const baton::v1::KvLayerChunk& c = message_.chunk();
-    const std::string where = "KV chunk (layer " + std::to_string(c.layer()) + ", tokens " +
-                              std::to_string(c.token_start()) + "+" + std::to_string(c.token_count()) + ")";
-    if (c.layer() < 0 || c.layer() >= header_.n_layers) {
-      return invalid_argument(where + ": layer outside [0, " + std::to_string(header_.n_layers) + ")");
-    }
-    if (c.token_count() <= 0 || c.token_start() != next_token_[c.layer()] ||
-        static_cast<int64_t>(c.token_start()) + c.token_count() > header_.n_tokens) {
-      return invalid_argument(where + ": expected tokens from " + std::to_string(next_token_[c.layer()]) +
-                              " of this layer, within n_tokens " + std::to_string(header_.n_tokens));
-    }
-    const int64_t want = kv_chunk_bytes(header_, c.token_count());
-    if (static_cast<int64_t>(c.k().size()) > kMaxKvChunkBytes ||
-        static_cast<int64_t>(c.v().size()) > kMaxKvChunkBytes) {
-      return invalid_argument(where + ": K or V larger than the limit of " + std::to_string(kMaxKvChunkBytes) +
-                              " bytes");
-    }
-    if (static_cast<int64_t>(c.k().size()) != want || static_cast<int64_t>(c.v().size()) != want) {
-      return invalid_argument(where + ": K has " + std::to_string(c.k().size()) + " bytes and V " +
-                              std::to_string(c.v().size()) + ", the header's shape needs " + std::to_string(want) +
-                              " each");
-    }
-    if (kv_checksum(c.k(), c.v()) != c.checksum()) return data_loss(where + ": checksum mismatch");
+    if (!check_.begun()) return invalid_argument("the first KV message must be the header");
     KvChunk chunk = kv_chunk_from_proto(std::move(*message_.mutable_chunk()));
-    BATON_RETURN_IF_ERROR(receiver_.kv_chunk(header_.request_id, chunk));
-    next_token_[chunk.layer] += chunk.token_count;
-    bytes_ += 2 * want;
+    BATON_RETURN_IF_ERROR(check_.check_bytes(chunk));
+    BATON_RETURN_IF_ERROR(receiver_.kv_chunk(check_.header().request_id, chunk));
+    check_.accept(chunk);
     return {};
   }
 
@@ -230,32 +179,23 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
       refuse(cancelled("the KV transfer was cancelled or its stream broke"));
       return;
     }
-    if (!begun_) {
-      refuse(invalid_argument("the KV stream ended before its header"));
+    if (Status s = check_.check_complete(); !s.ok()) {
+      refuse(s);
       return;
     }
-    for (int32_t layer = 0; layer < header_.n_layers; ++layer) {
-      if (next_token_[layer] != header_.n_tokens) {
-        refuse(invalid_argument("the KV stream ended with layer " + std::to_string(layer) + " covering " +
-                                std::to_string(next_token_[layer]) + " of " + std::to_string(header_.n_tokens) +
-                                " tokens"));
-        return;
-      }
-    }
-    const Status s = receiver_.kv_end(header_.request_id);
+    const Status s = receiver_.kv_end(check_.header().request_id);
     if (!s.ok()) {
       refuse(s);
       return;
     }
     settled_ = true;
-    response_->set_bytes(bytes_);
+    response_->set_bytes(check_.bytes());
     Finish(grpc::Status::OK);
   }
 
   void refuse(const Status& s) {
-    spdlog::warn("req={} KV transfer refused: {}", header_.request_id.empty() ? "?" : header_.request_id,
-                 s.to_string());
-    if (begun_ && !settled_) receiver_.kv_abort(header_.request_id);
+    spdlog::warn("req={} KV transfer refused: {}", check_.begun() ? check_.header().request_id : "?", s.to_string());
+    if (begun_ && !settled_) receiver_.kv_abort(check_.header().request_id);
     settled_ = true;
     Finish(to_grpc(s));
   }
@@ -264,11 +204,9 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
   baton::v1::KvAck* response_;
   KvReceiver& receiver_;
   baton::v1::KvMessage message_;  // the read in flight
-  KvTransferHeader header_;
-  bool begun_ = false;               // kv_begin accepted the header
-  bool settled_ = false;             // kv_end or kv_abort called (the receiver is done with this transfer)
-  std::vector<int32_t> next_token_;  // per layer: the next token its chunks must start at
-  int64_t bytes_ = 0;                // K and V bytes handed to the receiver
+  KvStreamCheck check_;           // the header, and what the chunks so far covered
+  bool begun_ = false;            // kv_begin accepted the header
+  bool settled_ = false;          // kv_end or kv_abort called (the receiver is done with this transfer)
 };
 
 }  // namespace

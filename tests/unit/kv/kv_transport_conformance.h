@@ -1,8 +1,15 @@
 // The KvTransport conformance suite (DESIGN.md: one suite runs against every transport the
 // machine can run). A transport's test sets up its transport, a RecordingReceiver reachable at an
 // address through that transport's receiving side, and an address nothing listens on, then calls
-// the run_* cases below. Inputs are random, fresh each run.
+// run_kv_transport_conformance (every case, one SECTION each) and run_kv_transport_deadline with a
+// transport made with a short deadline. Inputs are random, fresh each run. Runs against: tcp
+// (tests/unit/kv/tcp_transport_test.cpp), cuda_ipc and nccl (tests/gpu/kv_transport_test.cpp).
 #pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -177,6 +184,21 @@ inline void check_arrived_intact(const RecordingReceiver::Transfer& t, const KvP
   }
 }
 
+// A loopback address nobody listens on (a port bound, then released).
+inline std::string unused_loopback_address() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  close(fd);
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
 // ---- the cases ---------------------------------------------------------------------------------
 
 // Random KV arrives byte-identical with its header; several transfers at once don't mix.
@@ -279,6 +301,46 @@ inline void run_kv_transport_unreachable(KvTransport& transport, const std::stri
   CHECK(bytes == 0);
 }
 
+// A refusal and an unreachable worker both name the decode worker and the request.
+inline void run_kv_transport_errors_name_worker(KvTransport& transport, const std::string& address,
+                                                RecordingReceiver& receiver, const std::string& unreachable_address) {
+  std::mt19937_64 rng(std::random_device{}());
+  const KvPayload p = make_kv_payload(rng, "named-" + std::to_string(rng()));
+  receiver.on_begin = [](const KvTransferHeader&) -> Status { return failed_precondition("not admitted"); };
+  int64_t bytes = 0;
+  Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  receiver.on_begin = nullptr;
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK(s.message().find(address) != std::string::npos);
+  CHECK(s.message().find(p.header.request_id) != std::string::npos);
+
+  s = transport.send(unreachable_address, p.header, chunk_source(p.chunks), &bytes);
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK(s.message().find(unreachable_address) != std::string::npos);
+}
+
+// A receiver stalled far past the transport's deadline (`transport` was made with `deadline`):
+// DEADLINE_EXCEEDED about then, and the receiver aborts the transfer once it notices.
+inline void run_kv_transport_deadline(KvTransport& transport, std::chrono::milliseconds deadline,
+                                      const std::string& address, RecordingReceiver& receiver) {
+  std::mt19937_64 rng(std::random_device{}());
+  const KvPayload p = make_kv_payload(rng, "slow-" + std::to_string(rng()));
+  // A reaction should never block; this one does, to stand for a stalled peer.
+  receiver.on_begin = [deadline](const KvTransferHeader&) -> Status {
+    std::this_thread::sleep_for(4 * deadline);
+    return {};
+  };
+  int64_t bytes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  INFO(s.to_string());
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < 3.5 * deadline);
+  CHECK(receiver.wait_aborted(p.header.request_id, std::chrono::seconds(5) + 4 * deadline));
+  receiver.on_begin = nullptr;
+}
+
 inline void run_kv_transport_conformance(KvTransport& transport, const std::string& address,
                                          RecordingReceiver& receiver, const std::string& unreachable_address) {
   SECTION("round trip") {
@@ -295,6 +357,9 @@ inline void run_kv_transport_conformance(KvTransport& transport, const std::stri
   }
   SECTION("unreachable") {
     run_kv_transport_unreachable(transport, unreachable_address);
+  }
+  SECTION("errors name the decode worker") {
+    run_kv_transport_errors_name_worker(transport, address, receiver, unreachable_address);
   }
 }
 

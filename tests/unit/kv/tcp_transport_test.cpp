@@ -2,11 +2,7 @@
 // to the TransferKv stream (malformed streams crafted with the stub, cancellation, deadline).
 #include "kv/tcp/tcp_transport.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -50,21 +46,6 @@ struct LoopbackServer {
   std::string address;
 };
 
-// A loopback port nobody listens on (bound, then released).
-std::string unused_address() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  close(fd);
-  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-}
-
 baton::v1::KvMessage header_message(const KvTransferHeader& h) {
   baton::v1::KvMessage m;
   kv_header_to_proto(h, m.mutable_header());
@@ -97,45 +78,15 @@ TEST_CASE("tcp transport passes the KvTransport conformance suite", "[kv][tcp]")
   LoopbackServer server;
   TcpKvTransport transport;
   CHECK(transport.name() == "tcp");
-  baton::testing::run_kv_transport_conformance(transport, server.address, server.receiver, unused_address());
-}
-
-TEST_CASE("tcp transport errors name the decode worker", "[kv][tcp]") {
-  LoopbackServer server;
-  TcpKvTransport transport;
-  std::mt19937_64 rng(std::random_device{}());
-  const auto p = baton::testing::make_kv_payload(rng, "named");
-  server.receiver.on_begin = [](const KvTransferHeader&) -> Status { return failed_precondition("not admitted"); };
-  int64_t bytes = 0;
-  Status s = transport.send(server.address, p.header, baton::testing::chunk_source(p.chunks), &bytes);
-  CHECK(s.code() == StatusCode::kFailedPrecondition);
-  CHECK(s.message().find(server.address) != std::string::npos);
-  CHECK(s.message().find("named") != std::string::npos);
-
-  const std::string nowhere = unused_address();
-  s = transport.send(nowhere, p.header, baton::testing::chunk_source(p.chunks), &bytes);
-  CHECK(s.code() == StatusCode::kUnavailable);
-  CHECK(s.message().find(nowhere) != std::string::npos);
+  baton::testing::run_kv_transport_conformance(transport, server.address, server.receiver,
+                                               baton::testing::unused_loopback_address());
 }
 
 TEST_CASE("tcp transport gives up at its deadline", "[kv][tcp]") {
   LoopbackServer server;
-  TcpKvTransport transport(std::chrono::milliseconds(100));
-  std::mt19937_64 rng(std::random_device{}());
-  const auto p = baton::testing::make_kv_payload(rng, "slow");
-  // A receiver that takes far longer than the deadline (a reaction should never block; this one
-  // does so to stand for a stalled peer).
-  server.receiver.on_begin = [](const KvTransferHeader&) -> Status {
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    return {};
-  };
-  int64_t bytes = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const Status s = transport.send(server.address, p.header, baton::testing::chunk_source(p.chunks), &bytes);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(s.code() == StatusCode::kDeadlineExceeded);
-  CHECK(seconds < 0.35);
-  CHECK(server.receiver.wait_aborted("slow"));
+  const auto deadline = std::chrono::milliseconds(100);
+  TcpKvTransport transport(deadline);
+  baton::testing::run_kv_transport_deadline(transport, deadline, server.address, server.receiver);
 }
 
 TEST_CASE("TransferKv refuses malformed streams", "[kv][tcp]") {

@@ -1,0 +1,90 @@
+#include "kv/kv_stream_check.h"
+
+namespace baton {
+namespace {
+
+int64_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "f32") return 4;
+  if (dtype == "bf16" || dtype == "f16") return 2;
+  return 0;
+}
+
+}  // namespace
+
+std::string kv_chunk_name(const KvChunkDesc& d) {
+  return "KV chunk (layer " + std::to_string(d.layer) + ", tokens " + std::to_string(d.token_start) + "+" +
+         std::to_string(d.token_count) + ")";
+}
+
+Status KvStreamCheck::begin(const KvTransferHeader& h) {
+  if (begun_) return invalid_argument("a second KV header in one transfer");
+  if (h.request_id.empty()) return invalid_argument("the KV header has no request_id");
+  if (dtype_bytes(h.dtype) == 0)
+    return invalid_argument("the KV header's dtype '" + h.dtype + "' is not f32, bf16 or f16");
+  if (h.n_layers <= 0 || h.n_kv_heads <= 0 || h.head_dim <= 0 || h.n_tokens <= 0) {
+    return invalid_argument("the KV header's shape is not positive: n_layers " + std::to_string(h.n_layers) +
+                            ", n_kv_heads " + std::to_string(h.n_kv_heads) + ", head_dim " +
+                            std::to_string(h.head_dim) + ", n_tokens " + std::to_string(h.n_tokens));
+  }
+  if (kv_chunk_bytes(h, 1) > kMaxKvChunkBytes) {
+    return invalid_argument("one token's K of the KV header's shape exceeds the chunk limit of " +
+                            std::to_string(kMaxKvChunkBytes) + " bytes");
+  }
+  if (static_cast<int64_t>(h.token_ids.size()) != h.n_tokens) {
+    return invalid_argument("the KV header lists " + std::to_string(h.token_ids.size()) + " token ids for n_tokens " +
+                            std::to_string(h.n_tokens));
+  }
+  header_ = h;
+  begun_ = true;
+  next_token_.assign(h.n_layers, 0);
+  return {};
+}
+
+Status KvStreamCheck::check_chunk(const KvChunkDesc& d) const {
+  if (!begun_) return invalid_argument("the first KV message must be the header");
+  const std::string where = kv_chunk_name(d);
+  if (d.layer < 0 || d.layer >= header_.n_layers) {
+    return invalid_argument(where + ": layer outside [0, " + std::to_string(header_.n_layers) + ")");
+  }
+  if (d.token_count <= 0 || d.token_start != next_token_[d.layer] ||
+      static_cast<int64_t>(d.token_start) + d.token_count > header_.n_tokens) {
+    return invalid_argument(where + ": expected tokens from " + std::to_string(next_token_[d.layer]) +
+                            " of this layer, within n_tokens " + std::to_string(header_.n_tokens));
+  }
+  if (d.k_bytes > kMaxKvChunkBytes || d.v_bytes > kMaxKvChunkBytes) {
+    return invalid_argument(where + ": K or V larger than the limit of " + std::to_string(kMaxKvChunkBytes) + " bytes");
+  }
+  const int64_t want = kv_chunk_bytes(header_, d.token_count);
+  if (d.k_bytes != want || d.v_bytes != want) {
+    return invalid_argument(where + ": K has " + std::to_string(d.k_bytes) + " bytes and V " +
+                            std::to_string(d.v_bytes) + ", the header's shape needs " + std::to_string(want) + " each");
+  }
+  return {};
+}
+
+Status KvStreamCheck::check_bytes(const KvChunk& c) const {
+  const KvChunkDesc d{c.layer, c.token_start, c.token_count, static_cast<int64_t>(c.k.size()),
+                      static_cast<int64_t>(c.v.size())};
+  BATON_RETURN_IF_ERROR(check_chunk(d));
+  if (kv_checksum(c.k, c.v) != c.checksum) return data_loss(kv_chunk_name(d) + ": checksum mismatch");
+  return {};
+}
+
+void KvStreamCheck::accept(const KvChunk& c) {
+  next_token_[c.layer] += c.token_count;
+  bytes_ += static_cast<int64_t>(c.k.size() + c.v.size());
+}
+
+Status KvStreamCheck::check_complete() const {
+  if (!begun_) return invalid_argument("the KV stream ended before its header");
+  for (int32_t layer = 0; layer < header_.n_layers; ++layer) {
+    if (next_token_[layer] != header_.n_tokens) {
+      return invalid_argument("the KV stream ended with layer " + std::to_string(layer) + " covering " +
+                              std::to_string(next_token_[layer]) + " of " + std::to_string(header_.n_tokens) +
+                              " tokens");
+    }
+  }
+  return {};
+}
+
+}  // namespace baton

@@ -1,0 +1,125 @@
+// The `nccl` KV transport: prefill and decode workers on any GPUs NCCL connects (NVLink, PCIe,
+// InfiniBand/RoCE, sockets). The control plane is DecodeKvDevice.TransferKvDevice
+// (kv/kv_device_call.h); the K and V bytes of each chunk move by ncclSend/ncclRecv over a 2-rank
+// communicator per (prefill worker, decode worker) pair. Both ends live here: the sender
+// (NcclKvTransport) and the payload side of the receiver (NcclReceiver, which KvDeviceService
+// drives).
+//
+// Bootstrap (lazily, on the first send to a decode worker, and again after any teardown): the
+// sender checks the decode worker is reachable, calls ncclGetUniqueId, passes the id and a fresh
+// session name to DecodeKvDevice.BootstrapNccl; the receiver starts ncclCommInitRankConfig as
+// rank 1 on a thread of its own and answers at once; the sender then joins as rank 0. Both inits
+// are non-blocking communicators polled against a deadline, so a peer that never joins costs a
+// timeout, not a hung thread.
+//
+// A transfer: the sender holds its peer's lock for the whole transfer (a communicator matches
+// sends to receives in issue order, so transfers to one decode worker go one at a time), opens
+// the call naming its session and waits for the open's ack before posting anything. Per chunk it
+// copies K|V into staging slot i % window (copy stream, after that slot's previous ncclSend),
+// posts one ncclSend of k_bytes + v_bytes (send stream, after the copy), then writes the
+// descriptor. The receiver checks the descriptor (KvStreamCheck) BEFORE it posts the matching
+// ncclRecv (never a receive the sender will not match), waits for it against the call's
+// deadline and cancellation, copies the bytes to the host, checks the checksum, hands the chunk
+// to the KvReceiver and acks. The sender reuses a slot after the ack of its previous chunk.
+//
+// Teardown (ncclCommAbort, both sides) after any failure once the open was acknowledged (either
+// side may then have posted an operation the other never will) and after any failure of the
+// communicator itself; the next send bootstraps a new session. A refusal of the open itself
+// (model mismatch, not admitted, bad header) leaves the communicator in place: nothing was
+// posted. The receiver answers NOT_FOUND for a session it does not hold (it restarted, or it tore
+// the session down); the sender then bootstraps again and retries that transfer once.
+//
+// Lifetimes:
+// - Sender: per decode worker address, a communicator, two streams (copy, send) and `window`
+//   staging slots (cudaMallocAsync, grown stream-ordered, power-of-two sizes) with two events
+//   each; all released by teardown (stream-ordered frees after the aborted sends) or the
+//   destructor.
+// - Receiver: per session, a communicator, one stream, one event, one staging buffer (grown
+//   stream-ordered) and its init thread (joined at teardown). At most max_sessions sessions; the
+//   least recently used idle one is torn down to make room for a new bootstrap. A session is used
+//   by one transfer at a time.
+// - NCCL's root thread: ncclGetUniqueId starts a thread in the sender that waits for both ranks.
+//   It is only called once the decode worker's channel is connected, but a bootstrap RPC that
+//   still fails leaves that thread waiting (NCCL offers no way to cancel it).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "kv/kv_device_call.h"
+#include "kv/kv_transfer.h"
+
+namespace baton {
+
+struct NcclKvConfig {
+  int device = 0;  // the sender's CUDA device (the backend's --device=cuda:N)
+  std::chrono::milliseconds deadline = std::chrono::seconds(60);  // one whole transfer, bootstrap included
+  int window = 4;  // chunks sent and not yet acknowledged (staging slots per decode worker)
+};
+
+// Thread-safe: sends to different decode workers run in parallel, to one worker in turn.
+class NcclKvTransport final : public KvTransport {
+ public:
+  explicit NcclKvTransport(const NcclKvConfig& config);
+  // Tears down every communicator; no send() may be running.
+  ~NcclKvTransport() override;
+
+  std::string name() const override { return "nccl"; }
+  // Errors: the decode worker's refusal (FAILED_PRECONDITION, INVALID_ARGUMENT, DATA_LOSS, ...),
+  // UNAVAILABLE when it cannot be reached or NCCL/CUDA fails, DEADLINE_EXCEEDED past the
+  // deadline (waiting for an earlier transfer to the same worker included); the message names
+  // `address`. `*bytes_sent` counts the K and V bytes the receiver acknowledged.
+  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+              int64_t* bytes_sent) override;
+
+  struct Peer;  // one decode worker's communicator (nccl_transport.cpp)
+
+ private:
+  Peer& peer(const std::string& address);
+
+  const NcclKvConfig config_;
+  KvChannelCache channels_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;  // by address (guarded by mu_)
+};
+
+struct NcclReceiverConfig {
+  int device = 0;         // CUDA device this decode worker receives on
+  int max_sessions = 16;  // communicators held at once (about one per sending prefill worker)
+  std::chrono::milliseconds init_timeout = std::chrono::seconds(60);  // rank 1 gives up when rank 0 does not join
+};
+
+// The payload side of nccl at the receiver. Thread-safe.
+class NcclReceiver {
+ public:
+  explicit NcclReceiver(const NcclReceiverConfig& config);
+  // Tears down every session (joins their init threads); no transfer may be running.
+  ~NcclReceiver();
+
+  // BootstrapNccl: starts joining the sender's communicator as rank 1 and returns at once.
+  // INVALID_ARGUMENT for a malformed id or a session name in use; RESOURCE_EXHAUSTED when
+  // max_sessions are all busy.
+  Status bootstrap(const baton::v1::NcclBootstrapRequest& request);
+  // For a transfer whose open names an nccl session: waits (until `deadline`, or until
+  // `cancelled` says so) for the session's init, and holds the session for this transfer.
+  // NOT_FOUND when the session is unknown or held by another transfer; UNAVAILABLE when its init
+  // failed.
+  Result<std::unique_ptr<KvDeviceInbound>> open(const baton::v1::KvDeviceOpen& open,
+                                                std::chrono::system_clock::time_point deadline,
+                                                std::function<bool()> cancelled);
+
+  struct Session;  // one communicator with one sender (nccl_transport.cpp)
+  // An inbound's end: keeps the session for the next transfer, or tears it down.
+  void release(const std::shared_ptr<Session>& session, bool intact);
+
+ private:
+  const NcclReceiverConfig config_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Session>> sessions_;  // by name (guarded by mu_)
+};
+
+}  // namespace baton
