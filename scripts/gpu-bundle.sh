@@ -6,8 +6,9 @@
 #   scripts/gpu-bundle.sh            # → .device/bundle.tar.gz (+ the model in parts, see below)
 #   # there:  tar xzf .device/bundle.tar.gz -C .device && tests/gpu/run.sh --bundle .device/bundle
 #
-# The build is portable (-DBATON_NATIVE=OFF: the GPU machine's CPU is not this one) and targets
-# the default -gencode set (sm_90a, sm_80, compute_80 PTX). The SmolLM2 file (98 MB) is over the
+# The build is the full one (so the KV transport tests and their IPC sender come along), portable
+# (-DBATON_NATIVE=OFF: the GPU machine's CPU is not this one), for the default -gencode set
+# (sm_90a, sm_80, compute_80 PTX). The SmolLM2 file (98 MB) is over the
 # device tool's 64 MiB per call, so it is split into .device/model.part-* of 40 MiB: carry the
 # bundle with the first part, the other parts in a second call to the still-warm machine;
 # tests/gpu/run.sh joins them.
@@ -15,13 +16,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle_tool="${DEVICE_BUNDLE:-../shared/tools/device-bundle}"
 [ -x "$bundle_tool" ] || { echo "gpu-bundle: device-bundle not found at $bundle_tool (set DEVICE_BUNDLE)" >&2; exit 2; }
-cmake -S . -B build-gpu-bundle -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON \
-  -DBATON_NATIVE=OFF >/dev/null
-cmake --build build-gpu-bundle -j "$(nproc)" --target baton baton_gpu_tests baton_bench_gpu baton_bench_attention
+cmake -S . -B build-gpu-bundle -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_CUDA=ON -DBATON_NATIVE=OFF >/dev/null
+targets=(baton baton_gpu_tests baton_bench_gpu baton_bench_attention)
+grep -q baton_kv_ipc_sender build-gpu-bundle/build.ninja && targets+=(baton_kv_ipc_sender)
+cmake --build build-gpu-bundle -j "$(nproc)" --target "${targets[@]}"
 mkdir -p .device
 rm -rf .device/bundle .device/bundle.tar.gz
-"$bundle_tool" .device/bundle build-gpu-bundle/baton build-gpu-bundle/tests/gpu/baton_gpu_tests \
-  build-gpu-bundle/bench/gpu/baton_bench_gpu build-gpu-bundle/bench/gpu/baton_bench_attention
+binaries=()
+for t in "${targets[@]}"; do binaries+=("$(find build-gpu-bundle -type f -name "$t" -perm -u+x | head -1)"); done
+"$bundle_tool" .device/bundle "${binaries[@]}"
 rm -rf .device/bundle  # the tarball travels
 model="$(./scripts/fetch-model.sh)"
 rm -f .device/model.part-*

@@ -209,7 +209,8 @@ TEST_CASE("decode steps of changing batch size and context: recorded graphs stay
 TEST_CASE("SmolLM2: CUDA logits agree with the CPU (top-1 >= 99 %)", "[gpu][model]") {
   const char* path = std::getenv("BATON_MODEL");
   if (path == nullptr) {
-    WARN("BATON_MODEL is not set: the SmolLM2 parity test is skipped (scripts/fetch-model.sh prints the path)");
+    WARN("SKIPPED: BATON_MODEL is not set: the SmolLM2 parity test did not run "
+         "(scripts/fetch-model.sh prints the path)");
     return;
   }
   auto file = GgufFile::open(path);

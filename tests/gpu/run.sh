@@ -47,17 +47,26 @@ if [ -n "$bundle" ]; then
 else
   gencode="-gencode=arch=compute_${cc},code=sm_${cc}"
   [ "$cc" = 90 ] && gencode="-gencode=arch=compute_90a,code=sm_90a"
-  log "building (engine only, CUDA, $gencode)"
-  if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON \
-      "-DBATON_CUDA_GENCODE=$gencode" >"$out/build.log" 2>&1 ||
-     ! cmake --build build-gpu -j "$(nproc)" --target baton baton_gpu_tests baton_bench_gpu baton_bench_attention \
-      >>"$out/build.log" 2>&1; then
+  # The full build where its dependencies are here (it adds the KV transport tests), else the
+  # engine alone.
+  targets=(baton baton_gpu_tests baton_bench_gpu baton_bench_attention)
+  scope="full"
+  if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_CUDA=ON "-DBATON_CUDA_GENCODE=$gencode" \
+      >"$out/build.log" 2>&1; then
+    scope="engine only: no gRPC here, so no KV transport tests"
+    rm -rf build-gpu
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=ON \
+      "-DBATON_CUDA_GENCODE=$gencode" >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  fi
+  grep -q baton_kv_ipc_sender build-gpu/build.ninja && targets+=(baton_kv_ipc_sender)
+  log "building ($scope, $gencode)"
+  if ! cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >>"$out/build.log" 2>&1; then
     tail -30 "$out/build.log"
     echo "tests/gpu/run.sh: the build failed (log: $out/build.log)" >&2
     exit 1
   fi
   cmd() { find "$root/build-gpu" -type f -name "$1" -perm -u+x | head -1; }
-  build_note="built here into build-gpu/ ($gencode)"
+  build_note="built here into build-gpu/ ($scope, $gencode)"
 fi
 log "binaries: $build_note"
 
@@ -104,11 +113,17 @@ for name in ("bench-attention.log", "bench-gpu.log"):
                 except ValueError:
                     pass
 tests = (out / "gpu-tests.log").read_text(errors="replace").splitlines() if (out / "gpu-tests.log").exists() else []
+skipped = sorted({l.strip() for l in tests if "SKIPPED" in l})
 print(f"# GPU report\n\nGPU: {gpu}. Binaries: {build}. Wall time: {secs} s.\n")
 print(f"## Tests ({'passed' if rc == 0 else 'FAILED, exit %d' % rc})\n")
 print("```")
 print("\n".join(tests[-15:]))
 print("```\n")
+if skipped:
+    print("Not run here (each says why):\n")
+    for l in skipped:
+        print(f"- {l}")
+    print()
 print("## Benchmarks\n")
 if not rows:
     print("(no benchmark output; see bench-*.log)")
