@@ -86,7 +86,7 @@ int pick(std::initializer_list<int> options) {
 
 }  // namespace
 
-TEST_CASE("gemm: bf16 in, f32 or bf16 out, overwrite or accumulate, with bias", "[gpu]") {
+TEST_CASE("gemm: bf16 or f32 in, f32 or bf16 out, overwrite or accumulate, with bias", "[gpu]") {
   Backends b;
   for (int trial = 0; trial < 8; ++trial) {
     const int64_t m = pick({1, 3, 17, 128, 301}), k = pick({64, 576, 1536}), n = pick({64, 192, 1000});
@@ -98,7 +98,8 @@ TEST_CASE("gemm: bf16 in, f32 or bf16 out, overwrite or accumulate, with bias", 
     std::vector<float> bias = random_vector(n);
     auto wc = b.cpu->make_matrix(w.data(), n, k, MatrixUse::kGemm), wg = b.gpu->make_matrix(w.data(), n, k, MatrixUse::kGemm);
     auto bc = b.cpu->make_matrix(bias.data(), 1, n, MatrixUse::kVector), bg = b.gpu->make_matrix(bias.data(), 1, n, MatrixUse::kVector);
-    Pair x(b, m, k, DType::kBF16, random_vector(m * k));
+    // f32 inputs (rounded to bf16 on the device first) in a quarter of the trials.
+    Pair x(b, m, k, trial % 4 == 3 ? DType::kF32 : DType::kBF16, round_bf16(random_vector(m * k)));
     Pair y(b, m, n, out_dtype, accumulate ? random_vector(m * n) : std::vector<float>{});
     b.cpu->gemm(x.cpu, *wc, with_bias ? bc.get() : nullptr, y.cpu, accumulate);
     b.gpu->gemm(x.gpu, *wg, with_bias ? bg.get() : nullptr, y.gpu, accumulate);
