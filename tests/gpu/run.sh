@@ -91,6 +91,16 @@ tests_rc=$?
 [ $tests_rc -ne 0 ] && status=1
 tail -5 "$out/gpu-tests.log"
 
+# ---- the real model end to end: greedy text on the GPU next to the CPU's -----------------------
+if [ -n "${BATON_MODEL:-}" ]; then
+  log "baton generate on cuda:0 and on the CPU (SmolLM2, greedy)"
+  for dev in cuda:0 cpu; do
+    # shellcheck disable=SC2046
+    timeout 60 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --max-tokens 48 \
+      --chat "What is the capital of France? Answer in one sentence." >"$out/generate-$dev.txt" 2>&1 || status=1
+  done
+fi
+
 # ---- benchmarks ---------------------------------------------------------------------------------
 log "attention benchmark"
 timeout 60 $(cmd baton_bench_attention) >"$out/bench-attention.log" 2>&1
@@ -124,6 +134,10 @@ if skipped:
     for l in skipped:
         print(f"- {l}")
     print()
+for dev in ("cuda:0", "cpu"):
+    p = out / f"generate-{dev}.txt"
+    if p.exists():
+        print(f"## baton generate --device {dev} (SmolLM2, greedy)\n\n```\n{p.read_text(errors='replace').strip()}\n```\n")
 print("## Benchmarks\n")
 if not rows:
     print("(no benchmark output; see bench-*.log)")
