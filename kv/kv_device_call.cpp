@@ -21,15 +21,15 @@ std::shared_ptr<grpc::Channel> KvChannelCache::get(const std::string& address) {
   return channel;
 }
 
-Status kv_wait_connected(grpc::Channel& channel, std::chrono::system_clock::time_point deadline) {
-  for (;;) {
-    const grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-    if (state == GRPC_CHANNEL_READY) return {};
-    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
-      return unavailable("cannot connect");
-    }
-    if (!channel.WaitForStateChange(state, deadline)) return deadline_exceeded("no connection before the deadline");
-  }
+void KvChannelCache::forget(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  channels_.erase(address);
+}
+
+int64_t kv_staging_bytes(int64_t bytes, int64_t min_bytes) {
+  int64_t size = min_bytes;
+  while (size < bytes) size *= 2;
+  return size;
 }
 
 KvChunkDesc kv_chunk_desc(const baton::v1::KvDeviceChunk& c) {

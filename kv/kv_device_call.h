@@ -22,6 +22,7 @@
 #include <grpcpp/client_context.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,16 +38,17 @@ namespace baton {
 class KvChannelCache {
  public:
   std::shared_ptr<grpc::Channel> get(const std::string& address);
+  // Drops the channel to `address` (its decode worker left); sends still holding it keep it.
+  void forget(const std::string& address);
 
  private:
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };
 
-// UNAVAILABLE unless `channel` connects before `deadline`; fails fast (like a fail-fast RPC) once
-// the channel reports TRANSIENT_FAILURE. For a step that must not start against a peer that
-// cannot be reached (nccl: ncclGetUniqueId opens a root socket that waits for both ranks).
-Status kv_wait_connected(grpc::Channel& channel, std::chrono::system_clock::time_point deadline);
+// The size to allocate for a staging buffer of `bytes`: the least power of two >= both `bytes`
+// and `min_bytes` (a power of two), so a buffer also fits later chunks of similar size.
+int64_t kv_staging_bytes(int64_t bytes, int64_t min_bytes);
 
 // The sender's end of one TransferKvDevice call, on the sending thread (synchronous gRPC).
 // Every method returns false once the call is over; finish() then says why.

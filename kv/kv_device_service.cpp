@@ -106,13 +106,15 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
 grpc::Status KvDeviceService::BootstrapNccl(grpc::ServerContext* context,
                                             const baton::v1::NcclBootstrapRequest* request,
                                             baton::v1::NcclBootstrapResponse* response) {
+  // The device first: a reservation is this worker's promise that it can take part.
   if (Status s = use_device(config_.device); !s.ok()) return to_grpc(s);
-  const Status s = nccl_.bootstrap(*request);
-  if (!s.ok()) {
-    spdlog::warn("NCCL bootstrap refused: {}", s.to_string());
-    return to_grpc(s);
+  Result<std::string> session = nccl_.bootstrap(*request, context->deadline());
+  if (!session.ok()) {
+    spdlog::warn("NCCL bootstrap refused: {}", session.status().to_string());
+    return to_grpc(session.status());
   }
   response->set_device(config_.device);
+  response->set_session(*session);
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,7 @@
 #if BATON_WITH_CUDA_KV
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
 #include "kv/kv_device_service.h"
+#include "kv/nccl/nccl_api.h"
 #include "kv/nccl/nccl_transport.h"
 #endif
 #include "model/model.h"
@@ -89,12 +90,15 @@ int cuda_device_index(const std::string& device) {
 }
 #endif
 
-// --kv-transport against this build, before anything loads: cuda_ipc and nccl exist only in
-// builds with CUDA and NCCL.
+// --kv-transport against this build and host, before anything loads: cuda_ipc and nccl exist
+// only in builds with CUDA and nccl.h, and nccl needs libnccl at run time.
 Status check_kv_transport(const std::string& transport) {
 #if BATON_WITH_CUDA_KV
-  (void)transport;
-  return {};
+  if (transport != "nccl") return {};
+  std::string error;
+  if (nccl_load(&error) != nullptr) return {};
+  return failed_precondition("--kv-transport=nccl: " + error +
+                             "; install NCCL, or use --kv-transport=tcp (or cuda_ipc on one node)");
 #else
   if (transport == "tcp") return {};
   return invalid_argument("--kv-transport=" + transport +

@@ -12,12 +12,15 @@
 namespace baton {
 namespace {
 
-// Staging sizes are powers of two from 1 MiB, so buffers fit later chunks of similar size.
-int64_t staging_size(int64_t bytes) {
-  int64_t size = int64_t{1} << 20;
-  while (size < bytes) size *= 2;
-  return size;
-}
+// Staging sizes are powers of two from 2 MiB. Why not smaller: cudaMalloc serves small requests
+// by sub-allocating from a larger block it reserved earlier, and a CUDA IPC handle names the
+// whole block, not the sub-allocation: cudaIpcOpenMemHandle in the receiver returns the block's
+// base, while the sender says the chunk sits at offset 0 of its buffer (the receiver would read
+// the wrong bytes), and two buffers of one block get the same handle bytes (the receiver's
+// mapping cache would take them for one buffer). Allocations of a multiple of 2 MiB get a VA
+// range of their own, so the handle's base is the buffer's. Powers of two also let a buffer fit
+// later chunks of similar size.
+constexpr int64_t kMinStagingBytes = int64_t{2} << 20;
 
 std::string handle_bytes(const cudaIpcMemHandle_t& h) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
@@ -60,7 +63,7 @@ CudaIpcKvTransport::CudaIpcKvTransport(const CudaIpcKvConfig& config) : config_(
 CudaIpcKvTransport::~CudaIpcKvTransport() {
   if (all_.empty()) return;
   (void)cudaSetDevice(config_.device);
-  for (char* p : all_) (void)cudaFree(p);
+  for (const Staging& s : all_) (void)cudaFree(s.ptr);
   (void)cudaGetLastError();
 }
 
@@ -76,13 +79,28 @@ Result<CudaIpcKvTransport::Staging> CudaIpcKvTransport::lease(int64_t bytes) {
     return s;
   }
   Staging s;
-  s.bytes = staging_size(bytes);
+  s.bytes = kv_staging_bytes(bytes, kMinStagingBytes);
   void* p = nullptr;
   BATON_RETURN_IF_CUDA_ERROR(cudaMalloc(&p, static_cast<size_t>(s.bytes)),
                              "cuda_ipc: cudaMalloc of " + std::to_string(s.bytes) + " bytes of staging");
   s.ptr = static_cast<char*>(p);
-  all_.push_back(s.ptr);  // from here on the destructor frees it, whatever happens below
-  BATON_RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&s.handle, p), "cuda_ipc: cudaIpcGetMemHandle");
+  Status exported = kv_cuda_status(cudaIpcGetMemHandle(&s.handle, p), "cuda_ipc: cudaIpcGetMemHandle");
+  if (exported.ok()) {
+    // The 2 MiB floor (kMinStagingBytes) is what keeps every buffer's handle its own; a handle
+    // seen before means the receiver would mix two buffers up.
+    for (const Staging& other : all_) {
+      if (std::memcmp(&other.handle, &s.handle, sizeof(s.handle)) == 0) {
+        exported = internal_error("cuda_ipc: a staging buffer of " + std::to_string(s.bytes) +
+                                  " bytes shares its IPC handle with another one");
+        break;
+      }
+    }
+  }
+  if (!exported.ok()) {
+    (void)cudaFree(p);  // never exported: no receiver can be using it
+    return exported;
+  }
+  all_.push_back(s);  // from here on the destructor frees it
   return s;
 }
 
@@ -255,8 +273,9 @@ Result<char*> CudaIpcReceiver::map(const std::string& handle) {
       const Status s =
           kv_cuda_status(err, "cuda_ipc: cudaIpcOpenMemHandle on device " + std::to_string(config_.device));
       return failed_precondition(s.message() +
-                                 " (the sender's GPU must be this one or a peer of it, in a process this one may "
-                                 "share CUDA IPC with)");
+                                 " (the sender's GPU must be this one or a peer of it, visible here, in a process "
+                                 "this one may share CUDA IPC with: in containers, a shared PID namespace; else use "
+                                 "--kv-transport=nccl or tcp)");
     }
     Mapping m;
     m.ptr = static_cast<char*>(p);

@@ -10,17 +10,21 @@
 //   kept in the transport's pool and reused by later transfers; a transfer leases `window` of them
 //   and reuses slot i % window only after the receiver acknowledged chunk i - window. The pool
 //   grows to the peak in-flight staging (n concurrent sends × window × chunk size, power-of-two
-//   sizes) and is freed only by the destructor: a receiver still copying out of a buffer after its
-//   transfer failed on the sender's side (deadline) then reads a later transfer's bytes (its
-//   checksum fails, and its broken call aborts that transfer anyway), never freed memory.
-// - Receiver mappings: cudaIpcOpenMemHandle on config.device (peer access enabled lazily), once
-//   per staging buffer, cached by handle (CUDA gives every allocation a distinct handle, even at a
-//   reused address) and shared by concurrent transfers; at most n_cached_mappings unused mappings
-//   stay open, the least recently used are closed (cudaIpcCloseMemHandle) beyond that, and the
-//   destructor closes the rest. A mapping in use is never closed.
+//   sizes from 2 MiB, so each buffer is an allocation of its own with a handle of its own: see
+//   kMinStagingBytes in the .cpp) and is freed only by the destructor: a receiver still copying out
+//   of a buffer after its transfer failed on the sender's side (deadline) then reads a later
+//   transfer's bytes (its checksum fails, and its broken call aborts that transfer anyway), never
+//   freed memory.
+// - Receiver mappings: cudaIpcOpenMemHandle on config.device (peer access enabled lazily), once per
+//   staging buffer, cached by handle (CUDA gives every allocation of its own a distinct handle,
+//   even at a reused address) and shared by concurrent transfers; at most n_cached_mappings unused
+//   mappings stay open, the least recently used are closed (cudaIpcCloseMemHandle) beyond that, and
+//   the destructor closes the rest. A mapping in use is never closed.
 // - A CUDA IPC handle cannot be opened in the process that made it: prefill and decode must be
 //   separate processes (not `baton local`), on the same node (the open carries the kernel's boot
-//   id; another node is refused at once with FAILED_PRECONDITION).
+//   id; another node is refused at once with FAILED_PRECONDITION). In containers both must also
+//   see the sender's GPU and share a PID namespace (deploy/README.md): pods with one GPU each
+//   cannot use cuda_ipc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -74,7 +78,7 @@ class CudaIpcKvTransport final : public KvTransport {
   KvChannelCache channels_;
   std::mutex mu_;
   std::vector<Staging> free_;  // staging buffers no transfer holds (guarded by mu_)
-  std::vector<char*> all_;     // every staging allocation, freed by the destructor (guarded by mu_)
+  std::vector<Staging> all_;   // every staging allocation, freed by the destructor (guarded by mu_)
 };
 
 struct CudaIpcReceiverConfig {

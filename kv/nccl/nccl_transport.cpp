@@ -1,113 +1,42 @@
+// The sender's end of the nccl KV transport (NcclKvTransport); the receiver's is in
+// nccl_receiver.cpp.
 #include "kv/nccl/nccl_transport.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
 #include <spdlog/spdlog.h>
 
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
-#include <random>
-#include <thread>
 #include <vector>
 
 #include "common/grpc_status.h"
 #include "kv/kv_cuda_status.h"
+#include "kv/nccl/nccl_comm.h"
 #include "kv/tcp/tcp_transport.h"
 
 namespace baton {
 namespace {
 
 using SysClock = std::chrono::system_clock;
+using SteadyClock = std::chrono::steady_clock;
 
-Status nccl_status(ncclResult_t r, ncclComm_t comm, const std::string& what) {
-  if (r == ncclSuccess) return {};
-  std::string message = what + ": " + ncclGetErrorString(r);
-  const char* last = ncclGetLastError(comm);
-  if (last && *last) message += " (" + std::string(last) + ")";
-  return unavailable(message);
-}
-
-Status cancelled_status(const std::string& what) {
-  return cancelled(what + ": the transfer was cancelled");
-}
-
-// Polls with a short spin, then sleeps: a chunk's payload takes from microseconds (NVLink) to
-// milliseconds (network), and a sleeping poller costs nothing while it waits.
-class Backoff {
- public:
-  void pause() {
-    if (n_++ < 256) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
- private:
-  int n_ = 0;
-};
-
-// Waits until a non-blocking communicator's pending call (init, or an ncclSend/ncclRecv that
-// returned ncclInProgress) has completed.
-Status wait_comm(ncclComm_t comm, SysClock::time_point deadline, const std::function<bool()>& cancelled,
-                 const std::string& what) {
-  Backoff backoff;
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    BATON_RETURN_IF_ERROR(nccl_status(ncclCommGetAsyncError(comm, &state), comm, what));
-    if (state == ncclSuccess) return {};
-    if (state != ncclInProgress) return nccl_status(state, comm, what);
-    if (SysClock::now() >= deadline) return deadline_exceeded(what + ": not done before the deadline");
-    if (cancelled && cancelled()) return cancelled_status(what);
-    backoff.pause();
-  }
-}
-
-// Waits for `event` (recorded after an NCCL operation) while watching the communicator for errors.
-Status wait_event(cudaEvent_t event, ncclComm_t comm, SysClock::time_point deadline,
-                  const std::function<bool()>& cancelled, const std::string& what) {
-  Backoff backoff;
-  for (;;) {
-    const cudaError_t e = cudaEventQuery(event);
-    if (e == cudaSuccess) return {};
-    if (e != cudaErrorNotReady) return kv_cuda_status(e, what);
-    ncclResult_t state = ncclSuccess;
-    BATON_RETURN_IF_ERROR(nccl_status(ncclCommGetAsyncError(comm, &state), comm, what));
-    if (state != ncclSuccess && state != ncclInProgress) return nccl_status(state, comm, what);
-    if (SysClock::now() >= deadline) return deadline_exceeded(what + ": not done before the deadline");
-    if (cancelled && cancelled()) return cancelled_status(what);
-    backoff.pause();
-  }
-}
-
-int64_t staging_size(int64_t bytes) {
-  int64_t size = int64_t{1} << 20;
-  while (size < bytes) size *= 2;
-  return size;
-}
-
-std::string random_session_name() {
-  std::random_device rd;
-  char buf[33];
-  std::snprintf(buf, sizeof(buf), "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-  return buf;
-}
-
-ncclConfig_t nonblocking_config() {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
+// Makes `later` wait for everything `earlier` has been given so far, without blocking the host;
+// where that cannot be arranged, waits for `earlier` on the host instead.
+void stream_wait_stream(cudaStream_t later, cudaStream_t earlier) {
+  cudaEvent_t done = nullptr;
+  const bool ordered = cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess &&
+                       cudaEventRecord(done, earlier) == cudaSuccess &&
+                       cudaStreamWaitEvent(later, done, 0) == cudaSuccess;
+  if (done) (void)cudaEventDestroy(done);  // the wait was captured when it was enqueued
+  if (!ordered) (void)cudaStreamSynchronize(earlier);
 }
 
 }  // namespace
 
-// ---- sender ------------------------------------------------------------------------------------
-
 struct NcclKvTransport::Peer {
+  explicit Peer(std::string a) : address(std::move(a)) {}
+
+  const std::string address;
   // Held for a whole transfer, bootstrap included: NCCL matches a communicator's sends to its
-  // receives in issue order. Everything below is guarded by it.
+  // receives in issue order. The fields from `session` to `refused_until` are guarded by it.
   std::timed_mutex busy;
   std::string session;  // "" = no communicator (bootstrap on the next send)
   ncclComm_t comm = nullptr;
@@ -120,20 +49,32 @@ struct NcclKvTransport::Peer {
     cudaEvent_t sent = nullptr;    // recorded on send_stream after the slot's ncclSend
   };
   std::vector<Slot> slots;
+  // The decode worker's last UNIMPLEMENTED or FAILED_PRECONDITION answer to the bootstrap, given
+  // again instead of asking until `refused_until`.
+  Status refusal;
+  SteadyClock::time_point refused_until{};
+  // Guarded by NcclKvTransport::mu_.
+  int n_users = 0;  // sends holding or waiting for `busy`
+  SteadyClock::time_point last_used = SteadyClock::now();
+
+  bool holds_device_state() const { return comm || copy_stream || send_stream || !slots.empty(); }
 
   // Aborts the communicator (which ends its pending sends) and releases everything, without
-  // waiting on the host: the frees are ordered after the sends on the streams.
+  // waiting on the host.
   void teardown() {
     if (comm) {
-      const ncclResult_t r = ncclCommAbort(comm);
-      if (r != ncclSuccess && r != ncclInProgress) spdlog::warn("nccl: ncclCommAbort: {}", ncclGetErrorString(r));
+      const ncclResult_t r = nccl().ncclCommAbort(comm);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        spdlog::warn("nccl: ncclCommAbort: {}", nccl().ncclGetErrorString(r));
+      }
       comm = nullptr;
     }
+    // The frees go on copy_stream. A slot's `sent` event covers only an ncclSend that was posted
+    // and recorded; one that failed, or was still in progress when the transfer gave up, left
+    // its kernel on send_stream with nothing recorded: order the frees after all of send_stream.
+    if (copy_stream && send_stream) stream_wait_stream(copy_stream, send_stream);
     for (Slot& s : slots) {
-      if (s.ptr && copy_stream) {
-        if (s.sent) (void)cudaStreamWaitEvent(copy_stream, s.sent, 0);
-        (void)cudaFreeAsync(s.ptr, copy_stream);
-      }
+      if (s.ptr && copy_stream) (void)cudaFreeAsync(s.ptr, copy_stream);
       if (s.copied) (void)cudaEventDestroy(s.copied);
       if (s.sent) (void)cudaEventDestroy(s.sent);
     }
@@ -148,29 +89,35 @@ struct NcclKvTransport::Peer {
 
 namespace {
 
-// Joins a new communicator with the decode worker at `address` as rank 0. On failure the peer
-// may hold partial state: the caller tears it down.
+// One DecodeKvDevice.BootstrapNccl call; the session the decode worker names in its answer.
+Result<std::string> call_bootstrap(baton::v1::DecodeKvDevice::Stub& stub,
+                                   const baton::v1::NcclBootstrapRequest& request, SysClock::time_point deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  baton::v1::NcclBootstrapResponse response;
+  const grpc::Status status = stub.BootstrapNccl(&context, request, &response);
+  if (!status.ok()) {
+    const Status s = from_grpc(status);
+    if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return Status(s.code(),
+                    "NCCL bootstrap: it does not serve device KV transfers (built without CUDA); " + s.message());
+    }
+    return Status(s.code(), "NCCL bootstrap: " + s.message());
+  }
+  if (response.session().empty()) return internal_error("NCCL bootstrap: the decode worker named no session");
+  return response.session();
+}
+
+// Joins a new communicator with the decode worker behind `channel` as rank 0. On failure the
+// peer may hold partial state: the caller tears it down.
 Status bootstrap_peer(NcclKvTransport::Peer& p, const std::shared_ptr<grpc::Channel>& channel, int device, int window,
                       SysClock::time_point deadline) {
-  // ncclGetUniqueId starts a root thread that waits for both ranks: only against a peer that answers.
-  BATON_RETURN_IF_ERROR(kv_wait_connected(*channel, deadline));
-  ncclUniqueId id;
-  BATON_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
-  const std::string session = random_session_name();
-  {
-    auto stub = baton::v1::DecodeKvDevice::NewStub(channel);
-    grpc::ClientContext context;
-    context.set_deadline(deadline);
-    baton::v1::NcclBootstrapRequest request;
-    request.set_unique_id(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
-    request.set_session(session);
-    baton::v1::NcclBootstrapResponse response;
-    const grpc::Status status = stub->BootstrapNccl(&context, request, &response);
-    if (!status.ok()) {
-      const Status s = from_grpc(status);
-      return {s.code(), "NCCL bootstrap: " + s.message()};
-    }
-  }
+  auto stub = baton::v1::DecodeKvDevice::NewStub(channel);
+  // The reservation first: ncclGetUniqueId starts a root thread that waits for both ranks and
+  // cannot be cancelled, so it is only started once the decode worker has agreed to join.
+  BATON_ASSIGN_OR_RETURN(const std::string session, call_bootstrap(*stub, baton::v1::NcclBootstrapRequest(), deadline));
+  // What can fail on this side, before the root thread exists too.
+  BATON_RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "nccl: cudaSetDevice(" + std::to_string(device) + ")");
   BATON_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&p.copy_stream, cudaStreamNonBlocking),
                              "nccl: cudaStreamCreate");
   BATON_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&p.send_stream, cudaStreamNonBlocking),
@@ -180,11 +127,17 @@ Status bootstrap_peer(NcclKvTransport::Peer& p, const std::shared_ptr<grpc::Chan
     BATON_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "nccl: cudaEventCreate");
     BATON_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&s.sent, cudaEventDisableTiming), "nccl: cudaEventCreate");
   }
-  ncclConfig_t config = nonblocking_config();
-  const ncclResult_t r = ncclCommInitRankConfig(&p.comm, 2, id, 0, &config);
+  ncclUniqueId id;
+  BATON_RETURN_IF_ERROR(nccl_status(nccl().ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
+  baton::v1::NcclBootstrapRequest request;
+  request.set_unique_id(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  request.set_session(session);
+  BATON_RETURN_IF_ERROR(call_bootstrap(*stub, request, deadline).status());
+  ncclConfig_t config = nccl_nonblocking_config();
+  const ncclResult_t r = nccl().ncclCommInitRankConfig(&p.comm, 2, id, 0, &config);
   if (r != ncclSuccess && r != ncclInProgress) return nccl_status(r, p.comm, "ncclCommInitRankConfig (rank 0)");
-  BATON_RETURN_IF_ERROR(
-      wait_comm(p.comm, deadline, nullptr, "ncclCommInitRankConfig (rank 0, device " + std::to_string(device) + ")"));
+  BATON_RETURN_IF_ERROR(nccl_wait_comm(p.comm, deadline, nullptr,
+                                       "ncclCommInitRankConfig (rank 0, device " + std::to_string(device) + ")"));
   p.session = session;
   return {};
 }
@@ -197,17 +150,7 @@ Status post_chunk(NcclKvTransport::Peer& p, NcclKvTransport::Peer::Slot& s, cons
   // The slot's previous ncclSend has finished (its chunk was acknowledged); ordering the copy
   // after it makes that a guarantee of the streams, not of the receiver's ack.
   BATON_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(p.copy_stream, s.sent, 0), "nccl: cudaStreamWaitEvent");
-  if (s.bytes < n) {
-    if (s.ptr) BATON_RETURN_IF_CUDA_ERROR(cudaFreeAsync(s.ptr, p.copy_stream), "nccl: cudaFreeAsync");
-    s.ptr = nullptr;
-    s.bytes = 0;
-    void* ptr = nullptr;
-    const int64_t size = staging_size(n);
-    BATON_RETURN_IF_CUDA_ERROR(cudaMallocAsync(&ptr, static_cast<size_t>(size), p.copy_stream),
-                               "nccl: cudaMallocAsync of " + std::to_string(size) + " bytes of staging");
-    s.ptr = static_cast<char*>(ptr);
-    s.bytes = size;
-  }
+  BATON_RETURN_IF_ERROR(nccl_staging_fit(&s.ptr, &s.bytes, n, p.copy_stream));
   BATON_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.ptr, c.k.data(), c.k.size(), cudaMemcpyHostToDevice, p.copy_stream),
                              "nccl: staging K");
   BATON_RETURN_IF_CUDA_ERROR(
@@ -215,9 +158,9 @@ Status post_chunk(NcclKvTransport::Peer& p, NcclKvTransport::Peer::Slot& s, cons
       "nccl: staging V");
   BATON_RETURN_IF_CUDA_ERROR(cudaEventRecord(s.copied, p.copy_stream), "nccl: cudaEventRecord");
   BATON_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(p.send_stream, s.copied, 0), "nccl: cudaStreamWaitEvent");
-  const ncclResult_t r = ncclSend(s.ptr, static_cast<size_t>(n), ncclUint8, /*peer=*/1, p.comm, p.send_stream);
+  const ncclResult_t r = nccl().ncclSend(s.ptr, static_cast<size_t>(n), ncclUint8, /*peer=*/1, p.comm, p.send_stream);
   if (r == ncclInProgress) {
-    BATON_RETURN_IF_ERROR(wait_comm(p.comm, deadline, nullptr, "ncclSend"));
+    BATON_RETURN_IF_ERROR(nccl_wait_comm(p.comm, deadline, nullptr, "ncclSend"));
   } else {
     BATON_RETURN_IF_ERROR(nccl_status(r, p.comm, "ncclSend"));
   }
@@ -232,26 +175,98 @@ bool refused_at_open(const Status& s) {
          s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kUnimplemented;
 }
 
+// Bootstrap refusals no retry mends (a decode worker built without CUDA, without a usable GPU or
+// without NCCL): remembered for refusal_ttl.
+bool refusal_lasts(const Status& s) {
+  return s.code() == StatusCode::kUnimplemented || s.code() == StatusCode::kFailedPrecondition;
+}
+
 }  // namespace
 
 NcclKvTransport::NcclKvTransport(const NcclKvConfig& config) : config_(config) {
   BATON_CHECK(config_.window >= 1, "nccl window must be at least 1, got %d", config_.window);
+  BATON_CHECK(config_.max_peers >= 1, "nccl max_peers must be at least 1, got %d", config_.max_peers);
 }
 
 NcclKvTransport::~NcclKvTransport() {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool any = false;
-  for (auto& [address, p] : peers_) any = any || !p->session.empty() || p->comm;
-  if (!any) return;
-  (void)cudaSetDevice(config_.device);
-  for (auto& [address, p] : peers_) p->teardown();
+  std::vector<std::shared_ptr<Peer>> peers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [address, p] : peers_) peers.push_back(std::move(p));
+    peers_.clear();
+  }
+  drop(std::move(peers), nullptr);
 }
 
-NcclKvTransport::Peer& NcclKvTransport::peer(const std::string& address) {
+int NcclKvTransport::n_peers() {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& p = peers_[address];
-  if (!p) p = std::make_unique<Peer>();
-  return *p;
+  return static_cast<int>(peers_.size());
+}
+
+void NcclKvTransport::drop(std::vector<std::shared_ptr<Peer>> peers, const char* why) {
+  bool device_set = false;
+  for (const std::shared_ptr<Peer>& p : peers) {
+    // Out of peers_ and used by no send (n_users == 0): nobody else can reach its lock.
+    std::lock_guard<std::timed_mutex> lock(p->busy);
+    if (why) spdlog::info("nccl: dropping decode worker {} ({})", p->address, why);
+    if (p->holds_device_state()) {
+      if (!device_set) (void)cudaSetDevice(config_.device);
+      device_set = true;
+      p->teardown();
+    }
+    channels_.forget(p->address);
+  }
+}
+
+std::shared_ptr<NcclKvTransport::Peer> NcclKvTransport::acquire(const std::string& address) {
+  std::shared_ptr<Peer> peer;
+  std::vector<std::shared_ptr<Peer>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = SteadyClock::now();
+    std::shared_ptr<Peer>& slot = peers_[address];
+    if (!slot) slot = std::make_shared<Peer>(address);
+    peer = slot;
+    ++peer->n_users;
+    peer->last_used = now;
+    // Idle past the TTL, then the least recently used beyond the cap; never a peer a send holds
+    // or awaits, so no transfer ever loses its communicator here.
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (it->second->n_users == 0 && now - it->second->last_used >= config_.peer_idle_ttl) {
+        idle.push_back(std::move(it->second));
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (static_cast<int>(peers_.size()) > config_.max_peers) {
+      auto lru = peers_.end();
+      for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+        if (it->second->n_users == 0 && (lru == peers_.end() || it->second->last_used < lru->second->last_used)) {
+          lru = it;
+        }
+      }
+      if (lru == peers_.end()) break;  // all in use: over the cap until some are not
+      idle.push_back(std::move(lru->second));
+      peers_.erase(lru);
+    }
+  }
+  // On this send's thread, before its transfer: aborting a communicator takes milliseconds.
+  if (!idle.empty()) drop(std::move(idle), "not sent to lately, or beyond max_peers");
+  return peer;
+}
+
+void NcclKvTransport::release(const std::shared_ptr<Peer>& peer, bool forget) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --peer->n_users;
+    peer->last_used = SteadyClock::now();
+    if (!forget || peer->n_users > 0) return;
+    auto it = peers_.find(peer->address);
+    if (it == peers_.end() || it->second != peer) return;
+    peers_.erase(it);
+  }
+  drop({peer}, "unavailable");
 }
 
 Status NcclKvTransport::send(const std::string& address, const KvTransferHeader& header,
@@ -259,21 +274,48 @@ Status NcclKvTransport::send(const std::string& address, const KvTransferHeader&
   if (bytes_sent) *bytes_sent = 0;
   const auto deadline = SysClock::now() + config_.deadline;
   const std::string what = "KV transfer of request " + header.request_id + " to decode worker " + address + ": ";
-  Peer& p = peer(address);
-  std::unique_lock<std::timed_mutex> lock(p.busy, std::defer_lock);
-  if (!lock.try_lock_until(std::chrono::steady_clock::now() + config_.deadline)) {
-    return deadline_exceeded(what + "an earlier transfer to the same decode worker still holds its communicator");
+  if (Status s = nccl_available(); !s.ok()) return {s.code(), what + s.message()};
+  const std::shared_ptr<Peer> peer = acquire(address);
+  bool forget = false;
+  Status s;
+  {
+    std::unique_lock<std::timed_mutex> lock(peer->busy, std::defer_lock);
+    if (lock.try_lock_until(SteadyClock::now() + config_.deadline)) {
+      s = transfer(*peer, address, header, next, bytes_sent, deadline, &forget);
+    } else {
+      s = deadline_exceeded(what + "an earlier transfer to the same decode worker still holds its communicator");
+    }
   }
-  BATON_RETURN_IF_ERROR(
-      kv_cuda_status(cudaSetDevice(config_.device), what + "cudaSetDevice(" + std::to_string(config_.device) + ")"));
+  release(peer, forget);
+  return s;
+}
+
+Status NcclKvTransport::transfer(Peer& p, const std::string& address, const KvTransferHeader& header,
+                                 const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent,
+                                 SysClock::time_point deadline, bool* forget) {
+  const std::string what = "KV transfer of request " + header.request_id + " to decode worker " + address + ": ";
+  if (SteadyClock::now() < p.refused_until) {
+    return {p.refusal.code(),
+            what + p.refusal.message() + " (its answer within the last " +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(config_.refusal_ttl).count()) +
+                " s, not asked again before then)"};
+  }
   std::shared_ptr<grpc::Channel> channel = channels_.get(address);
   for (int attempt = 0;; ++attempt) {
     if (p.session.empty()) {
       const Status s = bootstrap_peer(p, channel, config_.device, config_.window, deadline);
       if (!s.ok()) {
+        if (refusal_lasts(s)) {
+          p.refusal = s;
+          p.refused_until = SteadyClock::now() + config_.refusal_ttl;
+        }
+        *forget = s.code() == StatusCode::kUnavailable;
         p.teardown();
         return {s.code(), what + s.message()};
       }
+    } else {
+      BATON_RETURN_IF_ERROR(kv_cuda_status(cudaSetDevice(config_.device),
+                                           what + "cudaSetDevice(" + std::to_string(config_.device) + ")"));
     }
     KvDeviceCall call(channel, deadline);
     baton::v1::KvDeviceOpen open;
@@ -290,6 +332,7 @@ Status NcclKvTransport::send(const std::string& address, const KvTransferHeader&
         continue;
       }
       if (!refused_at_open(s)) p.teardown();
+      *forget = s.code() == StatusCode::kUnavailable;  // the decode worker is gone, perhaps for good
       return s;
     }
     int64_t bytes = 0;
@@ -320,239 +363,6 @@ Status NcclKvTransport::send(const std::string& address, const KvTransferHeader&
     if (bytes_sent) *bytes_sent = bytes;
     return {};
   }
-}
-
-// ---- receiver ----------------------------------------------------------------------------------
-
-struct NcclReceiver::Session {
-  std::string name;
-  std::mutex mu;
-  std::condition_variable cv;
-  enum class State { kInitializing, kReady, kFailed };
-  State state = State::kInitializing;  // guarded by mu
-  Status init_status;                  // guarded by mu
-  std::atomic<bool> abandon{false};    // the init thread gives up at its next poll
-  // Guarded by NcclReceiver::mu_.
-  bool busy = false;
-  std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
-  // Written by the init thread before kReady; then used by the one transfer holding the session.
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t received = nullptr;
-  char* staging = nullptr;  // stream-ordered allocation (stream)
-  int64_t staging_bytes = 0;
-  std::thread init_thread;
-
-  void init(int device, ncclUniqueId id, std::chrono::milliseconds timeout) {
-    const auto deadline = SysClock::now() + timeout;
-    Status s = kv_cuda_status(cudaSetDevice(device), "nccl: cudaSetDevice(" + std::to_string(device) + ")");
-    if (s.ok()) s = kv_cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "nccl: cudaStreamCreate");
-    if (s.ok())
-      s = kv_cuda_status(cudaEventCreateWithFlags(&received, cudaEventDisableTiming), "nccl: cudaEventCreate");
-    if (s.ok()) {
-      ncclConfig_t config = nonblocking_config();
-      const ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, 1, &config);
-      if (r != ncclSuccess && r != ncclInProgress) s = nccl_status(r, comm, "ncclCommInitRankConfig (rank 1)");
-    }
-    if (s.ok()) {
-      s = wait_comm(
-          comm, deadline, [this] { return abandon.load(); },
-          "ncclCommInitRankConfig (rank 1, device " + std::to_string(device) + ")");
-    }
-    if (!s.ok() && comm) {
-      // A half-joined communicator holds sockets and memory until someone aborts it: now.
-      (void)ncclCommAbort(comm);
-      comm = nullptr;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    state = s.ok() ? State::kReady : State::kFailed;
-    init_status = s;
-    cv.notify_all();
-  }
-
-  // On the device the session lives on. Joins the init thread; frees after the aborted receive.
-  void teardown() {
-    abandon = true;
-    if (init_thread.joinable()) init_thread.join();
-    if (comm) {
-      const ncclResult_t r = ncclCommAbort(comm);
-      if (r != ncclSuccess && r != ncclInProgress) spdlog::warn("nccl: ncclCommAbort: {}", ncclGetErrorString(r));
-      comm = nullptr;
-    }
-    if (staging) (void)cudaFreeAsync(staging, stream);
-    staging = nullptr;
-    if (received) (void)cudaEventDestroy(received);
-    if (stream) (void)cudaStreamDestroy(stream);
-    received = nullptr;
-    stream = nullptr;
-    (void)cudaGetLastError();
-  }
-};
-
-namespace {
-
-class NcclInbound final : public KvDeviceInbound {
- public:
-  NcclInbound(NcclReceiver& receiver, std::shared_ptr<NcclReceiver::Session> session, SysClock::time_point deadline,
-              std::function<bool()> cancelled)
-      : receiver_(receiver), session_(std::move(session)), deadline_(deadline), cancelled_(std::move(cancelled)) {}
-
-  Status fetch(const baton::v1::KvDeviceChunk& desc, KvChunk* chunk) override {
-    NcclReceiver::Session& s = *session_;
-    const std::string where = kv_chunk_name(kv_chunk_desc(desc));
-    const int64_t n = desc.k_bytes() + desc.v_bytes();  // checked against the header before this
-    if (s.staging_bytes < n) {
-      if (s.staging) BATON_RETURN_IF_CUDA_ERROR(cudaFreeAsync(s.staging, s.stream), "nccl: cudaFreeAsync");
-      s.staging = nullptr;
-      s.staging_bytes = 0;
-      void* ptr = nullptr;
-      const int64_t size = staging_size(n);
-      BATON_RETURN_IF_CUDA_ERROR(cudaMallocAsync(&ptr, static_cast<size_t>(size), s.stream),
-                                 "nccl: cudaMallocAsync of " + std::to_string(size) + " bytes of staging");
-      s.staging = static_cast<char*>(ptr);
-      s.staging_bytes = size;
-    }
-    const ncclResult_t r = ncclRecv(s.staging, static_cast<size_t>(n), ncclUint8, /*peer=*/0, s.comm, s.stream);
-    if (r == ncclInProgress) {
-      BATON_RETURN_IF_ERROR(wait_comm(s.comm, deadline_, cancelled_, where + ": ncclRecv"));
-    } else {
-      BATON_RETURN_IF_ERROR(nccl_status(r, s.comm, where + ": ncclRecv"));
-    }
-    BATON_RETURN_IF_CUDA_ERROR(cudaEventRecord(s.received, s.stream), "nccl: cudaEventRecord");
-    // Never a blocking wait on the receive: a sender that died leaves it pending until teardown.
-    BATON_RETURN_IF_ERROR(wait_event(s.received, s.comm, deadline_, cancelled_, where + ": ncclRecv"));
-    chunk->k.resize(static_cast<size_t>(desc.k_bytes()));
-    chunk->v.resize(static_cast<size_t>(desc.v_bytes()));
-    BATON_RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(chunk->k.data(), s.staging, chunk->k.size(), cudaMemcpyDeviceToHost, s.stream),
-        "nccl: copying K to the host");
-    BATON_RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(chunk->v.data(), s.staging + desc.k_bytes(), chunk->v.size(), cudaMemcpyDeviceToHost, s.stream),
-        "nccl: copying V to the host");
-    BATON_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream), "nccl: copy to the host");
-    return {};
-  }
-
-  void finish(bool intact) override { receiver_.release(session_, intact); }
-
- private:
-  NcclReceiver& receiver_;
-  std::shared_ptr<NcclReceiver::Session> session_;
-  const SysClock::time_point deadline_;
-  const std::function<bool()> cancelled_;
-};
-
-}  // namespace
-
-NcclReceiver::NcclReceiver(const NcclReceiverConfig& config) : config_(config) {}
-
-NcclReceiver::~NcclReceiver() {
-  std::unordered_map<std::string, std::shared_ptr<Session>> sessions;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sessions.swap(sessions_);
-  }
-  if (sessions.empty()) return;
-  (void)cudaSetDevice(config_.device);
-  for (auto& [name, s] : sessions) s->teardown();
-}
-
-Status NcclReceiver::bootstrap(const baton::v1::NcclBootstrapRequest& request) {
-  if (request.unique_id().size() != sizeof(ncclUniqueId)) {
-    return invalid_argument("the NCCL unique id has " + std::to_string(request.unique_id().size()) + " bytes, not " +
-                            std::to_string(sizeof(ncclUniqueId)));
-  }
-  if (request.session().empty()) return invalid_argument("the NCCL bootstrap names no session");
-  ncclUniqueId id;
-  std::memcpy(&id, request.unique_id().data(), sizeof(id));
-  auto session = std::make_shared<Session>();
-  session->name = request.session();
-  std::shared_ptr<Session> evicted;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (sessions_.count(request.session())) {
-      return invalid_argument("the NCCL session " + request.session() + " exists already");
-    }
-    if (static_cast<int>(sessions_.size()) >= config_.max_sessions) {
-      // Make room: the least recently used session no transfer holds.
-      auto lru = sessions_.end();
-      for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-        if (!it->second->busy && (lru == sessions_.end() || it->second->last_used < lru->second->last_used)) lru = it;
-      }
-      if (lru == sessions_.end()) {
-        return resource_exhausted("all " + std::to_string(config_.max_sessions) +
-                                  " NCCL sessions of this decode worker are in use");
-      }
-      evicted = lru->second;
-      sessions_.erase(lru);
-    }
-    sessions_.emplace(session->name, session);
-    // Started under the lock, so a teardown (which joins it) can only follow.
-    session->init_thread = std::thread([s = session.get(), device = config_.device, id,
-                                        timeout = config_.init_timeout] { s->init(device, id, timeout); });
-  }
-  if (evicted) {
-    spdlog::info("nccl: tearing down the least recently used session {} to make room", evicted->name);
-    (void)cudaSetDevice(config_.device);
-    evicted->teardown();
-  }
-  return {};
-}
-
-Result<std::unique_ptr<KvDeviceInbound>> NcclReceiver::open(const baton::v1::KvDeviceOpen& open,
-                                                            SysClock::time_point deadline,
-                                                            std::function<bool()> cancelled) {
-  std::shared_ptr<Session> session;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(open.nccl_session());
-    if (it == sessions_.end()) {
-      return not_found("this decode worker holds no NCCL session '" + open.nccl_session() +
-                       "' (it restarted or tore the session down): bootstrap again");
-    }
-    if (it->second->busy) {
-      return not_found("the NCCL session '" + open.nccl_session() + "' is held by another transfer");
-    }
-    session = it->second;
-    session->busy = true;
-    session->last_used = std::chrono::steady_clock::now();
-  }
-  Status init_status;
-  {
-    std::unique_lock<std::mutex> lock(session->mu);
-    while (session->state == Session::State::kInitializing) {
-      if (SysClock::now() >= deadline || (cancelled && cancelled())) break;
-      session->cv.wait_for(lock, std::chrono::milliseconds(10));
-    }
-    if (session->state == Session::State::kInitializing) {
-      init_status =
-          deadline_exceeded("the NCCL session '" + session->name + "' was still initialising at the deadline");
-    } else if (session->state == Session::State::kFailed) {
-      init_status = unavailable("the NCCL session '" + session->name +
-                                "' failed to initialise: " + session->init_status.message());
-    }
-  }
-  if (!init_status.ok()) {
-    release(session, /*intact=*/false);
-    return init_status;
-  }
-  return std::unique_ptr<KvDeviceInbound>(new NcclInbound(*this, std::move(session), deadline, std::move(cancelled)));
-}
-
-void NcclReceiver::release(const std::shared_ptr<Session>& session, bool intact) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (intact) {
-      session->busy = false;
-      session->last_used = std::chrono::steady_clock::now();
-      return;
-    }
-    auto it = sessions_.find(session->name);
-    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
-  }
-  spdlog::info("nccl: tearing down session {} after a failed transfer", session->name);
-  (void)cudaSetDevice(config_.device);
-  session->teardown();
 }
 
 }  // namespace baton

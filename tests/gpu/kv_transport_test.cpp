@@ -7,7 +7,8 @@
 // process that made it): this process is the decode side (DecodeKvDevice on loopback into a
 // RecordingReceiver), a child (baton_kv_ipc_sender) owns the CudaIpcKvTransport and sends what
 // the cases ask. nccl runs in this process with the sender on device 0 and the receiver on
-// device 1 (NCCL refuses two ranks on one device), and is skipped, with a warning, below two GPUs.
+// device 1 (NCCL refuses two ranks on one device), and is skipped, with a warning starting
+// "SKIPPED:", below two GPUs.
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -25,8 +26,10 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
 #include "kv/kv_device_service.h"
+#include "kv/nccl/nccl_api.h"
 #include "kv/nccl/nccl_transport.h"
 #include "kv/tcp/tcp_transport.h"
+#include "tests/unit/grpc_loopback.h"
 #include "tests/unit/kv/kv_transport_conformance.h"
 
 extern char** environ;
@@ -39,35 +42,38 @@ namespace {
 
 // A decode worker reduced to its device-KV receiving side, on `device`. `port` 0 picks one.
 struct DeviceLoopbackServer {
-  explicit DeviceLoopbackServer(int device, int port = 0) {
+  explicit DeviceLoopbackServer(int device, int port = 0)
+      : service(make_service(receiver, device)), grpc(*service, port), port(grpc.port), address(grpc.address) {}
+
+  static std::unique_ptr<KvDeviceService> make_service(RecordingReceiver& receiver, int device) {
     // The CUDA context now, so no transfer's deadline is spent creating it.
     REQUIRE(cudaSetDevice(device) == cudaSuccess);
     REQUIRE(cudaFree(nullptr) == cudaSuccess);
     KvDeviceServiceConfig config;
     config.device = device;
-    service = std::make_unique<KvDeviceService>(receiver, config);
-    grpc::ServerBuilder builder;
-    int bound = 0;
-    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(), &bound);
-    builder.RegisterService(service.get());
-    server = builder.BuildAndStart();
-    REQUIRE(server);
-    REQUIRE(bound > 0);
-    this->port = bound;
-    address = "127.0.0.1:" + std::to_string(bound);
-  }
-  ~DeviceLoopbackServer() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    server.reset();
-    service.reset();  // after the server: no call is using it
+    return std::make_unique<KvDeviceService>(receiver, config);
   }
 
   RecordingReceiver receiver;
   std::unique_ptr<KvDeviceService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-  std::string address;
+  baton::testing::GrpcLoopback grpc;  // shut down before the service goes (members in reverse)
+  const int port;
+  const std::string address;
 };
+
+// baton_kv_ipc_sender next to this executable (a bundle copied to another machine keeps its
+// binaries in one folder), else where the build put it.
+std::string sender_path() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir.resize(dir.rfind('/') + 1);
+    const std::string beside = dir + "baton_kv_ipc_sender";
+    if (access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return BATON_KV_IPC_SENDER;
+}
 
 // CudaIpcKvTransport in a child process (tests/gpu/kv_ipc_sender_main.cpp has the protocol).
 // send() ships the header and chunks there and returns the child's status; concurrent sends
@@ -83,7 +89,7 @@ class ChildIpcSender final : public KvTransport {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
     posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
-    std::string path = BATON_KV_IPC_SENDER, dev = std::to_string(device), ms = std::to_string(deadline.count());
+    std::string path = sender_path(), dev = std::to_string(device), ms = std::to_string(deadline.count());
     char* argv[] = {path.data(), dev.data(), ms.data(), nullptr};
     const int err = posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv, environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -375,20 +381,50 @@ TEST_CASE("DecodeKvDevice refuses before any payload moves", "[gpu][kv][cuda_ipc
     v1::NcclBootstrapResponse response;
     CHECK(stub->BootstrapNccl(&context, request, &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   }
+  SECTION("an NCCL bootstrap without a reservation, and a reservation") {
+    std::string error;
+    const bool have_nccl = nccl_load(&error) != nullptr;
+    auto stub = v1::DecodeKvDevice::NewStub(grpc::CreateChannel(server.address, grpc::InsecureChannelCredentials()));
+    {
+      grpc::ClientContext context;
+      v1::NcclBootstrapRequest request;
+      request.set_unique_id(std::string(sizeof(ncclUniqueId), '\0'));
+      request.set_session("never-reserved");
+      v1::NcclBootstrapResponse response;
+      CHECK(stub->BootstrapNccl(&context, request, &response).error_code() ==
+            (have_nccl ? grpc::StatusCode::NOT_FOUND : grpc::StatusCode::FAILED_PRECONDITION));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::NcclBootstrapResponse response;
+    const grpc::Status s = stub->BootstrapNccl(&context, v1::NcclBootstrapRequest(), &response);
+    INFO(s.error_message());
+    CHECK(s.error_code() == (have_nccl ? grpc::StatusCode::OK : grpc::StatusCode::FAILED_PRECONDITION));
+    if (have_nccl) CHECK_FALSE(response.session().empty());
+  }
 }
 
 // ---- nccl --------------------------------------------------------------------------------------
 
 namespace {
 
+// Below two GPUs, or without libnccl, the nccl cases pass with a warning that starts with
+// "SKIPPED:" (tests/gpu/run.sh lists those lines in its report).
 bool nccl_runnable() {
   const int n = device_count();
-  if (n >= 2) return true;
-  WARN(
-      "nccl KV transport tests SKIPPED: NCCL needs two GPUs for its two ranks (it refuses two ranks on one "
-      "device); this machine has "
-      << n);
-  return false;
+  if (n < 2) {
+    WARN(
+        "SKIPPED: nccl KV transport tests: NCCL needs two GPUs for its two ranks (it refuses two ranks on one "
+        "device); this machine has "
+        << n);
+    return false;
+  }
+  std::string error;
+  if (nccl_load(&error) == nullptr) {
+    WARN("SKIPPED: nccl KV transport tests: " << error);
+    return false;
+  }
+  return true;
 }
 
 NcclKvConfig nccl_sender(std::chrono::milliseconds deadline = std::chrono::seconds(60)) {

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "baton/v1/worker.grpc.pb.h"
+#include "tests/unit/grpc_loopback.h"
 #include "tests/unit/kv/kv_transport_conformance.h"
 
 using namespace baton;
@@ -28,22 +29,12 @@ class KvOnlyDecodeService final : public baton::v1::DecodeWorker::CallbackServic
 };
 
 struct LoopbackServer {
-  LoopbackServer() : service(receiver) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-    REQUIRE(server);
-    REQUIRE(port > 0);
-    address = "127.0.0.1:" + std::to_string(port);
-  }
-  ~LoopbackServer() { server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); }
+  LoopbackServer() : service(receiver), grpc(service), address(grpc.address) {}
 
   RecordingReceiver receiver;
   KvOnlyDecodeService service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
+  baton::testing::GrpcLoopback grpc;
+  const std::string address;
 };
 
 baton::v1::KvMessage header_message(const KvTransferHeader& h) {
