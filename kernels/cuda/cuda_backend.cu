@@ -618,7 +618,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options, std::s
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess || n == 0) {
-    *error = "device '" + d + "': no CUDA device is usable here (" +
+    *error = "device '" + d + "': no CUDA device is usable here (no NVIDIA GPU, or no driver for this CUDA " +
+             std::to_string(CUDART_VERSION / 1000) + " build: " +
              (err != cudaSuccess ? std::string(cudaGetErrorString(err)) : std::string("no devices")) + ")";
     return nullptr;
   }
