@@ -383,9 +383,9 @@ void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
   //
   // Concurrency: this runs on a sender thread while the engine thread runs later steps. It only
   // reads this job's blocks, which no step writes any more (the prompt is complete) and which
-  // are not freed before the transfer ends, so on CPU (plain memory) the copies cannot race. A
-  // device backend must order kv_export after the forward that wrote these blocks and make it
-  // safe to run alongside the next forward (e.g. a copy stream synchronised with that forward).
+  // are not freed before the transfer ends, so on CPU (plain memory) the copies cannot race. The
+  // CUDA backend copies on its own stream under its own lock; the forward that wrote these blocks
+  // finished before its first tokens came back.
   const int64_t row_bytes = kv_chunk_bytes(header, 1);
   const int32_t tokens_per_chunk =
       static_cast<int32_t>(std::clamp<int64_t>(config_.kv_chunk_bytes / (2 * row_bytes), 1, header.n_tokens));

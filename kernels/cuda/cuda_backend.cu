@@ -201,6 +201,9 @@ class CudaBackend final : public Backend {
     BATON_CHECK(supports_kv_dtype(c.dtype), "the CUDA backend keeps its KV cache in bf16, not %s", dtype_name(c.dtype));
     BATON_CHECK(cuda::attention_supports_head_dim(c.head_dim), "the CUDA attention kernels do not support head_dim %d",
                 c.head_dim);
+    // The decode kernel indexes token slots with int32.
+    BATON_CHECK(static_cast<int64_t>(c.n_blocks) * c.block_size < (int64_t{1} << 31), "%d blocks of %d tokens",
+                c.n_blocks, c.block_size);
     bind();
     const size_t bytes =
         2 * static_cast<size_t>(c.n_layers) * c.n_blocks * c.block_size * c.n_kv_heads * c.head_dim * dtype_size(c.dtype);

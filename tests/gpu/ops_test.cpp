@@ -240,8 +240,10 @@ TEST_CASE("kv_write + attention through the backend: prefill chunks, mixed steps
     check_attention_step(b, hd, 8, 2, 16, {{0, 77}, {40, 13}, {300, 1}, {0, 1}});
     // A pure decode step (the split-K path), short and long contexts.
     check_attention_step(b, hd, 12, 4, 16, {{5, 1}, {4000, 1}, {1023, 1}});
-    // An odd block size.
+    // An odd block size, and one token per block.
     check_attention_step(b, hd, 4, 4, 7, {{33, 65}, {9, 1}});
+    check_attention_step(b, hd, 8, 2, 1, {{20, 5}, {7, 1}});
+    check_attention_step(b, hd, 8, 2, 1, {{300, 1}, {7, 1}});
   }
 }
 
