@@ -190,6 +190,8 @@ class Backend {
   // change whenever anything the body's launches depend on changes apart from the step's
   // metadata copied by begin_step (buffer addresses, shapes). The CPU runs the body.
   virtual void run_step(const BatchView& batch, uint64_t key, const std::function<void()>& body) { body(); }
+  // Counters for diagnostics and tests ("graphs_recorded=3 graph_replays=40"); empty when none.
+  virtual std::string stats() const { return ""; }
 
   // ---- sampling ----
   // tokens[i] = a token drawn from logits row i ([specs.size(), n_vocab] f32) as `specs[i]` says

@@ -9,9 +9,9 @@
 # The build is the full one (so the KV transport tests and their IPC sender come along), portable
 # (-DBATON_NATIVE=OFF: the GPU machine's CPU is not this one), for the default -gencode set
 # (sm_90a, sm_80, compute_80 PTX). The SmolLM2 file (98 MB) is over the
-# device tool's 64 MiB per call, so it is split into .device/model.part-* of 40 MiB: carry the
-# bundle with the first part, the other parts in a second call to the still-warm machine;
-# tests/gpu/run.sh joins them.
+# device tool's 64 MiB per call, so it is split into .device/model.part-* of 30 MiB: the bundle
+# (~27 MiB) with the first part, then two parts per call to the still-warm machine (the script
+# prints each file's size; bench/RESULTS.md lists the calls); tests/gpu/run.sh joins and checks them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle_tool="${DEVICE_BUNDLE:-../shared/tools/device-bundle}"
@@ -28,5 +28,5 @@ for t in "${targets[@]}"; do binaries+=("$(find build-gpu-bundle -type f -name "
 rm -rf .device/bundle  # the tarball travels
 model="$(./scripts/fetch-model.sh)"
 rm -f .device/model.part-*
-split -b 40M "$model" .device/model.part-
-ls -la .device
+split -b 30M "$model" .device/model.part-
+du -m .device/bundle.tar.gz .device/model.part-*  # MiB; at most 64 per device call

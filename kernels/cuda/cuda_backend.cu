@@ -113,6 +113,18 @@ struct StepMeta {
   bool decode_only = false;  // every sequence has one new token
 };
 
+// Every sequence's block table covers the positions the step touches (the CPU checks the same):
+// on the device a short table would read or write another sequence's blocks.
+void check_block_tables(const BatchView& batch, int block_size) {
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqView& s = batch.seqs[i];
+    BATON_CHECK(s.kv_offset >= 0 && s.n_new >= 0 &&
+                    static_cast<int64_t>(s.kv_offset) + s.n_new <= static_cast<int64_t>(s.n_blocks) * block_size,
+                "sequence %zu: positions up to %d but %d blocks of %d in its table", i, s.kv_offset + s.n_new,
+                s.n_blocks, block_size);
+  }
+}
+
 // The context bound a decode step's attention is sized for: the longest context rounded up to a
 // power of two (at least 256), so a recorded decode graph serves every length up to it.
 int decode_kv_bound(int max_kv_len) {
@@ -276,6 +288,7 @@ class CudaBackend final : public Backend {
     BATON_CHECK(k.cols == static_cast<int64_t>(c.n_kv_heads) * c.head_dim && k.rows == batch.n_tokens,
                 "kv_write of [%ld, %ld] into a cache of %d KV heads of %d", static_cast<long>(k.rows),
                 static_cast<long>(k.cols), c.n_kv_heads, c.head_dim);
+    check_block_tables(batch, c.block_size);
     bind();
     const StepMeta& m = step_meta(batch);
     cuda::kv_write(k, v, m.positions, m.token_seq, m.seqs, m.tables, cache.k(layer), cache.v(layer), cache.config().dtype,
@@ -298,6 +311,7 @@ class CudaBackend final : public Backend {
     BATON_CHECK(q.cols == static_cast<int64_t>(n_head) * c.head_dim && out.cols == q.cols && n_head % c.n_kv_heads == 0,
                 "attention shapes: q [%ld, %ld], %d heads of %d, %d KV heads", static_cast<long>(q.rows),
                 static_cast<long>(q.cols), n_head, c.head_dim, c.n_kv_heads);
+    check_block_tables(batch, c.block_size);
     bind();
     const StepMeta& m = step_meta(batch);
     cuda::AttnParams p{};
@@ -350,6 +364,7 @@ class CudaBackend final : public Backend {
     const uint64_t graph_key = (key ^ static_cast<uint64_t>(bound)) * 1099511628211ull;
     if (auto it = graphs_.find(graph_key); it != graphs_.end()) {
       CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+      ++n_graph_replays_;
       return;
     }
     // The first step with a key runs eagerly: it loads modules, makes GEMM plans and sizes
@@ -360,16 +375,26 @@ class CudaBackend final : public Backend {
     }
     if (graphs_.size() >= kMaxGraphs) clear_graphs();
     cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    capturing_ = true;
-    body();
-    capturing_ = false;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    {
+      // ThreadLocal mode leaves other threads free to call CUDA; the KV copies of this backend
+      // still keep their (device-synchronising) buffer growth out of the recording window.
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      capturing_ = true;
+      body();
+      capturing_ = false;
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    }
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
     graphs_.emplace(graph_key, exec);
+    ++n_graphs_recorded_;
     CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  }
+
+  std::string stats() const override {
+    return "graphs_recorded=" + std::to_string(n_graphs_recorded_) + " graph_replays=" + std::to_string(n_graph_replays_);
   }
 
   // ---- sampling ----
@@ -550,7 +575,10 @@ class CudaBackend final : public Backend {
     const int64_t row = cache.row_bytes();
     const size_t table_bytes = (static_cast<size_t>(n_blocks) * sizeof(int32_t) + 255) / 256 * 256;
     const size_t packed = static_cast<size_t>(n) * row;
-    kv_staging_.reserve(table_bytes + 2 * packed);
+    if (table_bytes + 2 * packed > kv_staging_.bytes) {
+      std::lock_guard<std::mutex> capture_lock(capture_mu_);  // growth frees and allocates
+      kv_staging_.reserve(table_bytes + 2 * packed);
+    }
     char* h = static_cast<char*>(kv_staging_.host.get());
     char* d = static_cast<char*>(kv_staging_.device.get());
     std::memcpy(h, block_table, n_blocks * sizeof(int32_t));
@@ -595,6 +623,9 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> warmed_;
+  int64_t n_graphs_recorded_ = 0;
+  int64_t n_graph_replays_ = 0;
+  std::mutex capture_mu_;  // held while recording; taken by other threads' buffer growth
 
   std::mutex kv_mu_;
   Staging kv_staging_;  // guarded by kv_mu_

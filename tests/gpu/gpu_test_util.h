@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -16,10 +17,19 @@
 
 namespace baton::gpu_test {
 
-// A generator seeded from the clock and the device: fresh inputs every run. The seed is printed
-// by the tests that use it (INFO), so a failure can be replayed.
+// The run's seed: BATON_TEST_SEED when set (to replay a failure), else fresh from random_device.
+// tests/gpu/main.cpp prints it first thing.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("BATON_TEST_SEED");
+    return env != nullptr ? std::strtoull(env, nullptr, 10) : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  }();
+  return seed;
+}
+
+// Every random input of the GPU tests comes from this generator: fresh inputs every run.
 inline std::mt19937_64& rng() {
-  static std::mt19937_64 g(std::random_device{}());
+  static std::mt19937_64 g(test_seed());
   return g;
 }
 

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 
+#include "tests/gpu/gpu_test_util.h"
+
 int main(int argc, char** argv) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
@@ -18,5 +20,8 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
     std::printf("GPU tests on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   }
+  std::printf("random inputs from seed %llu (BATON_TEST_SEED=%llu replays them)\n",
+              static_cast<unsigned long long>(baton::gpu_test::test_seed()),
+              static_cast<unsigned long long>(baton::gpu_test::test_seed()));
   return Catch::Session().run(argc, argv);
 }

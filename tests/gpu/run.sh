@@ -21,7 +21,7 @@ bundle=""
 out="${OUT:-$root/gpu-report}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --bundle) bundle=$(cd "$2" && pwd); shift 2 ;;
+    --bundle) bundle=$(cd "$2" 2>/dev/null && pwd) || { echo "run.sh: no bundle folder $2" >&2; exit 2; }; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "usage: tests/gpu/run.sh [--bundle DIR] [--out DIR]" >&2; exit 2 ;;
   esac
@@ -38,6 +38,65 @@ fi
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
 log "GPU: $gpu_name (compute capability $cc)"
+
+# ---- report: written on every exit, so a failure or a timeout still leaves one ------------------
+write_report() {
+python3 - "$out" "$gpu_name" "$build_note" "$tests_rc" "$(($(date +%s) - t_start))" >"$report" <<'PY'
+import json, pathlib, sys
+out, gpu, build, rc, secs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+rows = []
+for name in ("bench-attention.log", "bench-gpu.log"):
+    p = out / name
+    if p.exists():
+        for line in p.read_text(errors="replace").splitlines():
+            if line.startswith("BENCH_JSON "):
+                try:
+                    rows.append(json.loads(line[len("BENCH_JSON "):]))
+                except ValueError:
+                    pass
+def lines(name):
+    p = out / name
+    return p.read_text(errors="replace").splitlines() if p.exists() else []
+skipped = sorted({l.strip() for name in ("gpu-tests.log", "gpu-tests-kv.log", "model-check.txt")
+                  for l in lines(name) if "SKIPPED" in l})
+print(f"# GPU report\n\nGPU: {gpu}. Binaries: {build}. Wall time: {secs} s.\n")
+verdict = {"0": "passed", "": "not run"}.get(rc, f"FAILED, exit {rc}")
+print(f"## Tests ({verdict})\n")
+for name in ("gpu-tests.log", "gpu-tests-kv.log"):
+    if lines(name):
+        print(f"{name}:\n```")
+        print("\n".join(lines(name)[-12:]))
+        print("```\n")
+if skipped:
+    print("Not run here (each says why):\n")
+    for l in skipped:
+        print(f"- {l}")
+    print()
+for dev in ("cuda0", "cpu"):
+    p = out / f"generate-{dev}.txt"
+    if p.exists():
+        label = "cuda:0" if dev == "cuda0" else dev
+        print(f"## baton generate --device {label} (SmolLM2, greedy)\n\n```\n{p.read_text(errors='replace').strip()}\n```\n")
+print("## Benchmarks\n")
+if not rows:
+    print("(no benchmark output; see bench-*.log)")
+by = {}
+for r in rows:
+    by.setdefault(r.get("bench", "?"), []).append(r)
+for bench, rs in by.items():
+    keys = [k for k in rs[0] if k != "bench"]
+    print(f"### {bench}\n")
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rs:
+        print("| " + " | ".join(f"{r.get(k):.4g}" if isinstance(r.get(k), float) else str(r.get(k)) for k in keys) + " |")
+    print()
+PY
+  cat "$report"
+}
+build_note="(not built)"
+tests_rc=""
+trap write_report EXIT
 
 # ---- binaries ----------------------------------------------------------------------------------
 # cmd NAME: the command line that runs binary NAME (paths without spaces).
@@ -80,78 +139,44 @@ if [ -z "${BATON_MODEL:-}" ]; then
     cat "$root"/.device/model.part-* >/tmp/SmolLM2-135M-Instruct.Q4_1.gguf && export BATON_MODEL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
   fi
 fi
+# A missing or partial file would make the parity test fail as if the code were wrong.
+want_sha=$(sed -n 's/^sha256="\([0-9a-f]*\)"$/\1/p' "$root/scripts/fetch-model.sh")
+if [ -n "${BATON_MODEL:-}" ] && ! echo "$want_sha  $BATON_MODEL" | sha256sum --check --status; then
+  echo "SKIPPED: $BATON_MODEL is not the SmolLM2 file (sha256 differs): the SmolLM2 checks do not run" | tee "$out/model-check.txt"
+  unset BATON_MODEL
+fi
 log "model for the SmolLM2 parity test: ${BATON_MODEL:-none (skipped)}"
 
 # ---- tests -------------------------------------------------------------------------------------
 status=0
-log "running the [gpu] tests"
+tests_rc=0
+# Ops and model first, the KV transports (other processes, NCCL) apart: an abort or a hang in
+# one group leaves the other's results.
+log "running the [gpu] tests: ops, attention, model"
 # shellcheck disable=SC2046
-timeout 180 $(cmd baton_gpu_tests) "[gpu]" --durations yes >"$out/gpu-tests.log" 2>&1
-tests_rc=$?
+timeout -k 5 120 $(cmd baton_gpu_tests) "[gpu]~[kv]" --durations yes >"$out/gpu-tests.log" 2>&1 || tests_rc=$?
+tail -3 "$out/gpu-tests.log"
+log "running the [gpu] tests: KV transports"
+# shellcheck disable=SC2046
+timeout -k 5 60 $(cmd baton_gpu_tests) "[kv]" --durations yes >"$out/gpu-tests-kv.log" 2>&1 || tests_rc=$?
+tail -3 "$out/gpu-tests-kv.log"
 [ $tests_rc -ne 0 ] && status=1
-tail -5 "$out/gpu-tests.log"
 
 # ---- the real model end to end: greedy text on the GPU next to the CPU's -----------------------
 if [ -n "${BATON_MODEL:-}" ]; then
   log "baton generate on cuda:0 and on the CPU (SmolLM2, greedy)"
   for dev in cuda:0 cpu; do
     # shellcheck disable=SC2046
-    timeout 60 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --max-tokens 48 \
-      --chat "What is the capital of France? Answer in one sentence." >"$out/generate-$dev.txt" 2>&1 || status=1
+    timeout -k 5 30 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --max-tokens 48 \
+      --chat "What is the capital of France? Answer in one sentence." >"$out/generate-${dev/:/}.txt" 2>&1 || status=1
   done
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------------
 log "attention benchmark"
-timeout 60 $(cmd baton_bench_attention) >"$out/bench-attention.log" 2>&1
+timeout -k 5 45 $(cmd baton_bench_attention) >"$out/bench-attention.log" 2>&1
 log "end-to-end benchmark (cuBLAS peak, prefill MFU, decode)"
-timeout 150 $(cmd baton_bench_gpu) >"$out/bench-gpu.log" 2>&1
+timeout -k 5 ${BATON_GPU_BENCH_TIMEOUT:-100} $(cmd baton_bench_gpu) >"$out/bench-gpu.log" 2>&1
 log "done"
 
-# ---- report --------------------------------------------------------------------------------------
-python3 - "$out" "$gpu_name" "$build_note" "$tests_rc" "$(($(date +%s) - t_start))" >"$report" <<'PY'
-import json, pathlib, sys
-out, gpu, build, rc, secs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-rows = []
-for name in ("bench-attention.log", "bench-gpu.log"):
-    p = out / name
-    if p.exists():
-        for line in p.read_text(errors="replace").splitlines():
-            if line.startswith("BENCH_JSON "):
-                try:
-                    rows.append(json.loads(line[len("BENCH_JSON "):]))
-                except ValueError:
-                    pass
-tests = (out / "gpu-tests.log").read_text(errors="replace").splitlines() if (out / "gpu-tests.log").exists() else []
-skipped = sorted({l.strip() for l in tests if "SKIPPED" in l})
-print(f"# GPU report\n\nGPU: {gpu}. Binaries: {build}. Wall time: {secs} s.\n")
-print(f"## Tests ({'passed' if rc == 0 else 'FAILED, exit %d' % rc})\n")
-print("```")
-print("\n".join(tests[-15:]))
-print("```\n")
-if skipped:
-    print("Not run here (each says why):\n")
-    for l in skipped:
-        print(f"- {l}")
-    print()
-for dev in ("cuda:0", "cpu"):
-    p = out / f"generate-{dev}.txt"
-    if p.exists():
-        print(f"## baton generate --device {dev} (SmolLM2, greedy)\n\n```\n{p.read_text(errors='replace').strip()}\n```\n")
-print("## Benchmarks\n")
-if not rows:
-    print("(no benchmark output; see bench-*.log)")
-by = {}
-for r in rows:
-    by.setdefault(r.get("bench", "?"), []).append(r)
-for bench, rs in by.items():
-    keys = [k for k in rs[0] if k != "bench"]
-    print(f"### {bench}\n")
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in rs:
-        print("| " + " | ".join(f"{r.get(k):.4g}" if isinstance(r.get(k), float) else str(r.get(k)) for k in keys) + " |")
-    print()
-PY
-cat "$report"
 exit $status
