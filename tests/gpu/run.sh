@@ -128,6 +128,9 @@ else
   build_note="built here into build-gpu/ ($scope, $gencode)"
 fi
 log "binaries: $build_note"
+# cuBLASLt (and NCCL) are dlopened: say where they will come from.
+[ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+log "libcublasLt: $( (ldconfig -p | grep -o '/[^ ]*libcublasLt\.so\.[0-9]*$' ; ls /usr/local/cuda/lib64/libcublasLt.so.* 2>/dev/null) | head -1)"
 
 # ---- the real model, if it is here --------------------------------------------------------------
 if [ -z "${BATON_MODEL:-}" ]; then
