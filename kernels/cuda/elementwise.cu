@@ -57,6 +57,76 @@ __device__ float block_sum(float v) {
   return v;
 }
 
+// Eight consecutive elements through 16-byte accesses (two for f32): the wide loads a
+// memory-bound kernel needs. The caller checks alignment (vec8_ok).
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&v)[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// True when every row of `t` starts 16-byte aligned and holds whole groups of eight.
+bool vec8_ok(const Tensor& t) {
+  const size_t row_bytes = static_cast<size_t>(t.ld) * dtype_size(t.dtype);
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && row_bytes % 16 == 0 && t.cols % 8 == 0;
+}
+
+template <typename Tin, typename Tout>
+__global__ void rms_norm_vec8_kernel(const Tin* x, int64_t ld_x, const float* w, float eps, Tout* out, int64_t ld_out,
+                                     int64_t cols) {
+  const Tin* xr = x + blockIdx.x * ld_x;
+  Tout* yr = out + blockIdx.x * ld_out;
+  float ss = 0.0f;
+  float v[8];
+  for (int64_t i = 8 * threadIdx.x; i < cols; i += 8 * blockDim.x) {
+    load8(xr + i, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(cols) + eps);
+  float wv[8];
+  for (int64_t i = 8 * threadIdx.x; i < cols; i += 8 * blockDim.x) {
+    load8(xr + i, v);  // the row is still in L1/L2
+    load8(w + i, wv);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * wv[j];
+    store8(yr + i, v);
+  }
+}
+
+template <typename Tin, typename Tout>
+__global__ void silu_mul_vec8_kernel(const Tin* gu, int64_t ld_gu, Tout* out, int64_t ld_out, int64_t f) {
+  const Tin* g = gu + blockIdx.x * ld_gu;
+  Tout* y = out + blockIdx.x * ld_out;
+  float a[8], u[8];
+  for (int64_t i = 8 * threadIdx.x; i < f; i += 8 * blockDim.x) {
+    load8(g + i, a);
+    load8(g + f + i, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = a[j] / (1.0f + __expf(-a[j])) * u[j];
+    store8(y + i, a);
+  }
+}
+
 template <typename Tin, typename Tout>
 __global__ void rms_norm_kernel(const Tin* x, int64_t ld_x, const float* w, float eps, Tout* out, int64_t ld_out,
                                 int64_t cols) {
@@ -174,8 +244,13 @@ void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out, cud
   with_types(x.dtype, out.dtype, [&](auto* tin, auto* tout) {
     using Tin = std::remove_pointer_t<decltype(tin)>;
     using Tout = std::remove_pointer_t<decltype(tout)>;
-    rms_norm_kernel<<<grid_rows(x.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(x.data), x.ld, w, eps,
-                                                                static_cast<Tout*>(out.data), out.ld, x.cols);
+    if (vec8_ok(x) && vec8_ok(out) && reinterpret_cast<uintptr_t>(w) % 16 == 0) {
+      rms_norm_vec8_kernel<<<grid_rows(x.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(x.data), x.ld, w, eps,
+                                                                       static_cast<Tout*>(out.data), out.ld, x.cols);
+    } else {
+      rms_norm_kernel<<<grid_rows(x.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(x.data), x.ld, w, eps,
+                                                                  static_cast<Tout*>(out.data), out.ld, x.cols);
+    }
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -212,8 +287,14 @@ void silu_mul(const Tensor& gate_up, const Tensor& out, cudaStream_t stream) {
   with_types(gate_up.dtype, out.dtype, [&](auto* tin, auto* tout) {
     using Tin = std::remove_pointer_t<decltype(tin)>;
     using Tout = std::remove_pointer_t<decltype(tout)>;
-    silu_mul_kernel<<<grid_rows(out.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(gate_up.data), gate_up.ld,
-                                                                  static_cast<Tout*>(out.data), out.ld, out.cols);
+    // The up half starts out.cols elements in: aligned when out.cols is a multiple of eight.
+    if (vec8_ok(gate_up) && vec8_ok(out)) {
+      silu_mul_vec8_kernel<<<grid_rows(out.rows), kThreads, 0, stream>>>(
+          static_cast<const Tin*>(gate_up.data), gate_up.ld, static_cast<Tout*>(out.data), out.ld, out.cols);
+    } else {
+      silu_mul_kernel<<<grid_rows(out.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(gate_up.data), gate_up.ld,
+                                                                    static_cast<Tout*>(out.data), out.ld, out.cols);
+    }
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -107,10 +107,13 @@ TEST_CASE("gemm: bf16 or f32 in, f32 or bf16 out, overwrite or accumulate, with 
   }
 }
 
-TEST_CASE("rms_norm, silu_mul, gather_rows, embed", "[gpu]") {
+TEST_CASE("rms_norm, silu_mul (16-byte and scalar paths), gather_rows, embed", "[gpu]") {
   Backends b;
-  for (DType in : {DType::kF32, DType::kBF16}) {
-    const int64_t t = pick({1, 5, 64, 257}), d = pick({64, 576, 4096});
+  // Widths that take the 16-byte path (multiples of 8) and one that takes the scalar path.
+  const int64_t wide = pick({64, 576, 4096});
+  for (auto [in, d] : {std::pair{DType::kF32, wide}, std::pair{DType::kBF16, wide}, std::pair{DType::kF32, int64_t{100}},
+                       std::pair{DType::kBF16, int64_t{100}}}) {
+    const int64_t t = pick({1, 5, 64, 257});
     INFO("rows " << t << " cols " << d << " input " << dtype_name(in));
     std::vector<float> wv = random_vector(d, 0.5f, 1.5f);
     auto wc = b.cpu->make_matrix(wv.data(), 1, d, MatrixUse::kVector), wg = b.gpu->make_matrix(wv.data(), 1, d, MatrixUse::kVector);
