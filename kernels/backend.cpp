@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <atomic>
+#include <cmath>
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -46,6 +47,24 @@ Tensor Tensor::row_slice(int64_t r0, int64_t n) const {
   return t;
 }
 
+std::vector<double> rope_inv_freq(const RopeConfig& rope, int n_rot) {
+  const int half = n_rot / 2;
+  BATON_CHECK(rope.freq_factors.empty() || static_cast<int>(rope.freq_factors.size()) == half,
+              "%zu rope freq factors for %d pairs", rope.freq_factors.size(), half);
+  std::vector<double> inv_freq(half);
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(static_cast<double>(rope.theta), -2.0 * i / n_rot);
+    if (!rope.freq_factors.empty()) inv_freq[i] /= rope.freq_factors[i];
+  }
+  return inv_freq;
+}
+
+void check_block_table(const SeqView& s, int block_size) {
+  BATON_CHECK(s.kv_offset >= 0 && s.n_new >= 0 &&
+                  static_cast<int64_t>(s.kv_offset) + s.n_new <= static_cast<int64_t>(s.n_blocks) * block_size,
+              "sequence needs %d positions but has %d blocks of %d", s.kv_offset + s.n_new, s.n_blocks, block_size);
+}
+
 KvCache::KvCache(KvCacheConfig config) : config_(config) {
   static std::atomic<uint64_t> next{1};
   uid_ = next.fetch_add(1);
@@ -65,6 +84,28 @@ void Backend::sample(const Tensor& logits, std::span<const SampleSpec> specs, in
   for (size_t i = 0; i < specs.size(); ++i) {
     tokens[i] = sample_logits(std::span<const float>(host).subspan(i * logits.cols, logits.cols), specs[i]);
   }
+}
+
+std::optional<int> cuda_device_ordinal(std::string_view device) {
+  if (device == "cuda") return 0;
+  if (device.substr(0, 5) != "cuda:") return std::nullopt;
+  const std::string_view idx = device.substr(5);
+  if (idx.empty() || idx.size() > 4 || idx.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  return std::stoi(std::string(idx));
+}
+
+Result<DType> resolve_kv_dtype(const Backend& backend, std::string_view name) {
+  DType dtype = backend.activation_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
+  if (!name.empty()) {
+    std::optional<DType> d = dtype_from_name(name);
+    if (!d) return invalid_argument("--kv-dtype must be f32, bf16 or f16, got '" + std::string(name) + "'");
+    dtype = *d;
+  }
+  if (!backend.supports_kv_dtype(dtype)) {
+    return invalid_argument(std::string("--kv-dtype ") + dtype_name(dtype) + " is not supported on " + backend.name() +
+                            " (the CUDA backend keeps its KV cache in bf16)");
+  }
+  return dtype;
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* error) {

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/status.h"
 #include "kernels/sampling.h"
 
 namespace baton {
@@ -79,6 +80,10 @@ struct RopeConfig {
   std::vector<float> freq_factors; // optional per-pair divisors (Llama 3.1 rope_freqs), n_rot/2 entries
 };
 
+// inv_freq[i] = theta^(-2i/n_rot) / factor_i for the n_rot/2 pairs, in double so long positions
+// stay exact (pair i of position p turns by p · freq_scale · inv_freq[i]). Checks the config.
+std::vector<double> rope_inv_freq(const RopeConfig& rope, int n_rot);
+
 struct KvCacheConfig {
   int n_layers = 0;
   int n_kv_heads = 0;
@@ -114,6 +119,10 @@ struct SeqView {
   const int32_t* block_table = nullptr;  // host; block ids covering positions [0, kv_offset + n_new)
   int32_t n_blocks = 0;
 };
+
+// A bug unless `s`'s block table covers every position the step touches, [0, kv_offset + n_new),
+// with blocks of `block_size` tokens: a short table would read or write another sequence's KV.
+void check_block_table(const SeqView& s, int block_size);
 
 struct BatchView {
   int64_t n_tokens = 0;
@@ -208,5 +217,12 @@ struct BackendOptions {
 
 // The backend for `options.device`; nullptr and a message in `*error` when unavailable.
 std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* error);
+
+// The CUDA device ordinal `device` names: "cuda" → 0, "cuda:N" → N; nullopt for anything else.
+std::optional<int> cuda_device_ordinal(std::string_view device);
+
+// The KV cache dtype --kv-dtype `name` asks for on `backend`: "" is the backend's default (f32
+// where its activations are f32, else bf16). INVALID_ARGUMENT when its attention cannot read it.
+Result<DType> resolve_kv_dtype(const Backend& backend, std::string_view name);
 
 }  // namespace baton

@@ -121,12 +121,8 @@ int run_generate(const GenerateArgs& a) {
   std::string error;
   auto backend = make_backend(bo, &error);
   if (!backend) return fail(invalid_argument(error));
-  const DType kv_dtype = a.kv_dtype.empty() ? backend->activation_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16
-                                            : parse_dtype(a.kv_dtype);
-  if (!backend->supports_kv_dtype(kv_dtype)) {
-    return fail(invalid_argument(std::string("--kv-dtype ") + dtype_name(kv_dtype) + " is not supported on " +
-                                 backend->name() + " (the CUDA backend keeps its KV cache in bf16)"));
-  }
+  const Result<DType> kv_dtype = resolve_kv_dtype(*backend, a.kv_dtype);
+  if (!kv_dtype.ok()) return fail(kv_dtype.status());
   // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
   auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{});
   if (!model.ok()) return fail_model(model.status());
@@ -138,7 +134,7 @@ int run_generate(const GenerateArgs& a) {
   go.ignore_eos = a.ignore_eos;
   go.stop_ids = tok.stop_ids();
   go.block_size = a.block_size;
-  go.kv_dtype = kv_dtype;
+  go.kv_dtype = *kv_dtype;
   go.all_prompt_logits = !a.logits_all_out.empty();
 
   StreamDecoder decoder(tok);

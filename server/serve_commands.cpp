@@ -81,13 +81,8 @@ int fail(const Status& s) { return exit_with_error(s); }
 DType dtype_of(const std::string& s) { return dtype_from_name(s).value(); }
 
 #if BATON_WITH_CUDA_KV
-// The CUDA device ordinal of --device (cuda:N → N); 0 for cpu and plain cuda. The device KV
-// transports stage and receive payloads there.
-int cuda_device_index(const std::string& device) {
-  const auto colon = device.find(':');
-  if (device.rfind("cuda", 0) != 0 || colon == std::string::npos) return 0;
-  return std::atoi(device.c_str() + colon + 1);
-}
+// The CUDA device the device KV transports stage and receive payloads on: --device's, else 0.
+int kv_cuda_device(const std::string& device) { return cuda_device_ordinal(device).value_or(0); }
 #endif
 
 // --kv-transport against this build and host, before anything loads: cuda_ipc and nccl exist
@@ -112,12 +107,12 @@ std::unique_ptr<KvTransport> make_kv_transport(const ServeArgs& a) {
 #if BATON_WITH_CUDA_KV
   if (a.kv_transport == "cuda_ipc") {
     CudaIpcKvConfig c;
-    c.device = cuda_device_index(a.device);
+    c.device = kv_cuda_device(a.device);
     return std::make_unique<CudaIpcKvTransport>(c);
   }
   if (a.kv_transport == "nccl") {
     NcclKvConfig c;
-    c.device = cuda_device_index(a.device);
+    c.device = kv_cuda_device(a.device);
     return std::make_unique<NcclKvTransport>(c);
   }
 #endif
@@ -142,12 +137,7 @@ Result<LoadedModel> load_model(const ServeArgs& a) {
   std::string error;
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);
-  m.kv_dtype = a.kv_dtype.empty() ? (m.backend->activation_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16)
-                                  : dtype_of(a.kv_dtype);
-  if (!m.backend->supports_kv_dtype(m.kv_dtype)) {
-    return invalid_argument(std::string("--kv-dtype ") + dtype_name(m.kv_dtype) + " is not supported on " +
-                            m.backend->name() + " (the CUDA backend keeps its KV cache in bf16)");
-  }
+  BATON_ASSIGN_OR_RETURN(m.kv_dtype, resolve_kv_dtype(*m.backend, a.kv_dtype));
   BATON_ASSIGN_OR_RETURN(m.file, GgufFile::open(a.model));
   BATON_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.file));
   BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend,
@@ -209,6 +199,14 @@ void block_signals() {
 
 // Each role drains the same way: report draining (frontends route around it) and NOT_SERVING,
 // let in-flight calls finish within `grace` (new ones get UNAVAILABLE), then stop the engine.
+template <class WorkerRole>
+void drain_worker(WorkerRole& r, std::chrono::seconds grace) {
+  r.service->set_draining(true);
+  r.server->set_not_serving();
+  r.server->shutdown(grace);
+  r.engine->stop();
+}
+
 struct DecodeRole {
   LoadedModel m;
   std::unique_ptr<DecodeEngine> engine;
@@ -219,12 +217,7 @@ struct DecodeRole {
 #endif
   std::unique_ptr<RpcServer> server;
 
-  void drain(std::chrono::seconds grace) {
-    service->set_draining(true);
-    server->set_not_serving();
-    server->shutdown(grace);
-    engine->stop();
-  }
+  void drain(std::chrono::seconds grace) { drain_worker(*this, grace); }
 };
 
 // `name` labels metrics and logs: the listen address, or "decode-N" in `baton local` where the
@@ -247,7 +240,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   std::vector<grpc::Service*> services = {r->service.get()};
 #if BATON_WITH_CUDA_KV
   KvDeviceServiceConfig kc;
-  kc.device = cuda_device_index(a.device);
+  kc.device = kv_cuda_device(a.device);
   r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc);
   services.push_back(r->kv_device.get());
 #endif
@@ -262,12 +255,7 @@ struct PrefillRole {
   std::unique_ptr<PrefillService> service;
   std::unique_ptr<RpcServer> server;
 
-  void drain(std::chrono::seconds grace) {
-    service->set_draining(true);
-    server->set_not_serving();
-    server->shutdown(grace);
-    engine->stop();
-  }
+  void drain(std::chrono::seconds grace) { drain_worker(*this, grace); }
 };
 
 Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, const std::string& name,

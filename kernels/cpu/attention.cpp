@@ -129,9 +129,7 @@ void kv_write(const KvLayerView& kv, const Tensor& k, const Tensor& v, const Bat
   BATON_CHECK(k.cols == width && v.cols == width, "kv_write: rows of %ld, cache rows of %d", static_cast<long>(k.cols),
               width);
   for (const SeqView& s : batch.seqs) {
-    BATON_CHECK((s.kv_offset + s.n_new + kv.block_size - 1) / kv.block_size <= s.n_blocks,
-                "sequence needs %d positions but has %d blocks of %d", s.kv_offset + s.n_new, s.n_blocks,
-                kv.block_size);
+    check_block_table(s, kv.block_size);
 #pragma omp parallel for schedule(static) if (worth_parallel(static_cast<int64_t>(s.n_new) * width))
     for (int i = 0; i < s.n_new; ++i) {
       const int32_t pos = s.kv_offset + i;
@@ -155,8 +153,7 @@ void attention(const Tensor& q, const KvLayerView& kv, const BatchView& batch, i
   std::vector<int> tiled;
   for (int si = 0; si < static_cast<int>(batch.seqs.size()); ++si) {
     const SeqView& s = batch.seqs[si];
-    BATON_CHECK((s.kv_offset + s.n_new + kv.block_size - 1) / kv.block_size <= s.n_blocks,
-                "sequence needs %d positions but has %d blocks", s.kv_offset + s.n_new, s.n_blocks);
+    check_block_table(s, kv.block_size);
     if (s.n_new >= kTiledMinTokens) {
       tiled.push_back(si);
       continue;

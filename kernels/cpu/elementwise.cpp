@@ -63,14 +63,7 @@ void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_d
   const int n_rot = rope.n_rot > 0 ? rope.n_rot : head_dim;
   const int half = n_rot / 2;
   BATON_CHECK(n_rot % 2 == 0 && n_rot <= head_dim, "n_rot %d, head_dim %d", n_rot, head_dim);
-  BATON_CHECK(rope.freq_factors.empty() || static_cast<int>(rope.freq_factors.size()) == half,
-              "%zu rope freq factors for %d pairs", rope.freq_factors.size(), half);
-  // inv_freq[i] = theta^(-2i/n_rot) (/ factor[i]); computed in double so long positions stay exact.
-  std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; ++i) {
-    inv_freq[i] = std::pow(static_cast<double>(rope.theta), -2.0 * i / n_rot);
-    if (!rope.freq_factors.empty()) inv_freq[i] /= rope.freq_factors[i];
-  }
+  const std::vector<double> inv_freq = rope_inv_freq(rope, n_rot);
   const int q_heads = static_cast<int>(q.cols / head_dim), k_heads = static_cast<int>(k.cols / head_dim);
 #pragma omp parallel for schedule(static) if (worth_parallel(q.rows * (q.cols + k.cols)))
   for (int64_t t = 0; t < q.rows; ++t) {

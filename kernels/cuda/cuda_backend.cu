@@ -113,18 +113,6 @@ struct StepMeta {
   bool decode_only = false;  // every sequence has one new token
 };
 
-// Every sequence's block table covers the positions the step touches (the CPU checks the same):
-// on the device a short table would read or write another sequence's blocks.
-void check_block_tables(const BatchView& batch, int block_size) {
-  for (size_t i = 0; i < batch.seqs.size(); ++i) {
-    const SeqView& s = batch.seqs[i];
-    BATON_CHECK(s.kv_offset >= 0 && s.n_new >= 0 &&
-                    static_cast<int64_t>(s.kv_offset) + s.n_new <= static_cast<int64_t>(s.n_blocks) * block_size,
-                "sequence %zu: positions up to %d but %d blocks of %d in its table", i, s.kv_offset + s.n_new,
-                s.n_blocks, block_size);
-  }
-}
-
 // The context bound a decode step's attention is sized for: the longest context rounded up to a
 // power of two (at least 256), so a recorded decode graph serves every length up to it.
 int decode_kv_bound(int max_kv_len) {
@@ -288,7 +276,7 @@ class CudaBackend final : public Backend {
     BATON_CHECK(k.cols == static_cast<int64_t>(c.n_kv_heads) * c.head_dim && k.rows == batch.n_tokens,
                 "kv_write of [%ld, %ld] into a cache of %d KV heads of %d", static_cast<long>(k.rows),
                 static_cast<long>(k.cols), c.n_kv_heads, c.head_dim);
-    check_block_tables(batch, c.block_size);
+    for (const SeqView& s : batch.seqs) check_block_table(s, c.block_size);
     bind();
     const StepMeta& m = step_meta(batch);
     cuda::kv_write(k, v, m.positions, m.token_seq, m.seqs, m.tables, cache.k(layer), cache.v(layer), cache.config().dtype,
@@ -311,7 +299,7 @@ class CudaBackend final : public Backend {
     BATON_CHECK(q.cols == static_cast<int64_t>(n_head) * c.head_dim && out.cols == q.cols && n_head % c.n_kv_heads == 0,
                 "attention shapes: q [%ld, %ld], %d heads of %d, %d KV heads", static_cast<long>(q.rows),
                 static_cast<long>(q.cols), n_head, c.head_dim, c.n_kv_heads);
-    check_block_tables(batch, c.block_size);
+    for (const SeqView& s : batch.seqs) check_block_table(s, c.block_size);
     bind();
     const StepMeta& m = step_meta(batch);
     cuda::AttnParams p{};
@@ -538,16 +526,9 @@ class CudaBackend final : public Backend {
     return static_cast<const int32_t*>(loose_ints_.device.get());
   }
 
-  // inv_freq[i] = theta^(-2i/n_rot) / factor_i in double, on the device, per rope config.
+  // rope_inv_freq on the device, one table per distinct config.
   const double* inv_freq(const RopeConfig& r, int n_rot) {
-    const int half = n_rot / 2;
-    BATON_CHECK(r.freq_factors.empty() || static_cast<int>(r.freq_factors.size()) == half,
-                "%zu rope freq factors for %d pairs", r.freq_factors.size(), half);
-    std::vector<double> f(half);
-    for (int i = 0; i < half; ++i) {
-      f[i] = std::pow(static_cast<double>(r.theta), -2.0 * i / n_rot);
-      if (!r.freq_factors.empty()) f[i] /= r.freq_factors[i];
-    }
+    const std::vector<double> f = rope_inv_freq(r, n_rot);
     std::string key(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(double));
     auto it = rope_tables_.find(key);
     if (it == rope_tables_.end()) {
@@ -634,16 +615,13 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options, std::string* error) {
-  int device = 0;
   const std::string& d = options.device;
-  if (d != "cuda") {
-    const std::string idx = d.size() > 5 && d.compare(0, 5, "cuda:") == 0 ? d.substr(5) : "";
-    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos || idx.size() > 4) {
-      *error = "bad device '" + d + "' (expected cuda or cuda:N with N a device index)";
-      return nullptr;
-    }
-    device = std::stoi(idx);
+  const std::optional<int> ordinal = cuda_device_ordinal(d);
+  if (!ordinal) {
+    *error = "bad device '" + d + "' (expected cuda or cuda:N with N a device index)";
+    return nullptr;
   }
+  const int device = *ordinal;
   if (options.dtype != DType::kBF16) {
     *error = std::string("the CUDA backend computes in bf16 (fp32 accumulation); --dtype ") + dtype_name(options.dtype) +
              " is CPU-only";
