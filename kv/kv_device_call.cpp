@@ -1,30 +1,8 @@
 #include "kv/kv_device_call.h"
 
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
-
 #include "common/grpc_status.h"
 
 namespace baton {
-
-std::shared_ptr<grpc::Channel> KvChannelCache::get(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = channels_.find(address);
-  if (it != channels_.end()) return it->second;
-  grpc::ChannelArguments args;
-  // As TcpKvTransport: a restarted decode worker is reachable again within a couple of seconds.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  channels_.emplace(address, channel);
-  return channel;
-}
-
-void KvChannelCache::forget(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  channels_.erase(address);
-}
 
 int64_t kv_staging_bytes(int64_t bytes, int64_t min_bytes) {
   int64_t size = min_bytes;

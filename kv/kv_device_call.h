@@ -29,22 +29,11 @@
 #include <unordered_map>
 
 #include "baton/v1/worker.grpc.pb.h"
+#include "kv/kv_channel_cache.h"
 #include "kv/kv_stream_check.h"
 #include "kv/kv_transfer.h"
 
 namespace baton {
-
-// gRPC channels to decode workers, one per address, shared by concurrent sends. Thread-safe.
-class KvChannelCache {
- public:
-  std::shared_ptr<grpc::Channel> get(const std::string& address);
-  // Drops the channel to `address` (its decode worker left); sends still holding it keep it.
-  void forget(const std::string& address);
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
-};
 
 // The size to allocate for a staging buffer of `bytes`: the least power of two >= both `bytes`
 // and `min_bytes` (a power of two), so a buffer also fits later chunks of similar size.

@@ -1,8 +1,5 @@
 #include "kv/tcp/tcp_transport.h"
 
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
 #include <spdlog/spdlog.h>
 
 #include <utility>
@@ -65,25 +62,10 @@ KvChunk kv_chunk_from_proto(baton::v1::KvLayerChunk&& p) {
 
 TcpKvTransport::TcpKvTransport(std::chrono::milliseconds deadline) : deadline_(deadline) {}
 
-std::shared_ptr<grpc::Channel> TcpKvTransport::channel(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = channels_.find(address);
-  if (it != channels_.end()) return it->second;
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(-1);
-  // A decode worker that restarts is reachable again within a couple of seconds (gRPC's default
-  // reconnect backoff grows to two minutes, during which fail-fast calls are refused at once).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  channels_.emplace(address, channel);
-  return channel;
-}
-
 Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& header,
                             const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent) {
   if (bytes_sent) *bytes_sent = 0;
-  auto stub = baton::v1::DecodeWorker::NewStub(channel(address));
+  auto stub = baton::v1::DecodeWorker::NewStub(channels_.get(address));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + deadline_);
   baton::v1::KvAck ack;

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "baton/v1/worker.pb.h"
+#include "kv/kv_channel_cache.h"
 #include "kv/kv_transfer.h"
 
 namespace baton {
@@ -40,11 +41,8 @@ class TcpKvTransport final : public KvTransport {
               int64_t* bytes_sent) override;
 
  private:
-  std::shared_ptr<grpc::Channel> channel(const std::string& address);
-
   std::chrono::milliseconds deadline_;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // by address, guarded by mu_
+  KvChannelCache channels_;
 };
 
 // Internal ↔ proto, the one place the KV types are converted (chunk conversions move the bytes).
