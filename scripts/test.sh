@@ -4,7 +4,8 @@
 # references, the serving tests over real processes and the deployment tests (pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
+source scripts/env.sh
+./scripts/install-deps.sh --tests
 ./scripts/build.sh
 BATON_MODEL="$(./scripts/fetch-model.sh)"
 export BATON_MODEL BATON_BIN="$PWD/build/baton"
@@ -22,4 +23,4 @@ fi
 cmake -S . -B build-engine -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ONLY=ON -DBATON_CUDA=AUTO >/dev/null
 cmake --build build-engine -j "$(nproc)"
 (cd build-engine && ctest --output-on-failure -j 1)
-python3 -m pytest -q tests/e2e tests/integration tests/deploy
+"$BATON_VENV/bin/python" -m pytest -q -rs tests/e2e tests/integration tests/deploy

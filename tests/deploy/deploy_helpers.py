@@ -185,7 +185,7 @@ def dashboard_exprs(dashboard):
 
 def kubectl():
     path = shutil.which("kubectl")
-    assert path, "kubectl is not installed (it renders the kustomize overlays)"
+    assert path, "kubectl is not on PATH (scripts/fetch-kubectl.sh puts the pinned one in $BATON_CACHE/bin)"
     return path
 
 

@@ -141,7 +141,7 @@ def test_objects_validate_against_kubernetes_schemas(rendered, pvc_variant, vers
     try:
         import kubernetes_validate  # noqa: F401
     except ImportError:
-        pytest.fail("kubernetes-validate is not installed: python3 -m pip install -r tests/deploy/requirements.txt")
+        pytest.fail("kubernetes-validate is not installed: run scripts/install-deps.sh --tests")
     for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
         errors, custom = validate_objects(objects, version)
         assert not errors, f"{name} against Kubernetes {version}:\n" + "\n".join(errors)
