@@ -7,8 +7,8 @@
 // process that made it): this process is the decode side (DecodeKvDevice on loopback into a
 // RecordingReceiver), a child (baton_kv_ipc_sender) owns the CudaIpcKvTransport and sends what
 // the cases ask. nccl runs in this process with the sender on device 0 and the receiver on
-// device 1 (NCCL refuses two ranks on one device), and is skipped, with a warning starting
-// "SKIPPED:", below two GPUs.
+// device 1 (NCCL refuses two ranks on one device), and is skipped (BATON_SKIP, reported by name)
+// below two GPUs.
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -28,6 +28,7 @@
 #include "kv/kv_device_service.h"
 #include "kv/nccl/nccl_api.h"
 #include "kv/nccl/nccl_transport.h"
+#include "tests/common/test_skip.h"
 #include "kv/tcp/tcp_transport.h"
 #include "tests/unit/grpc_loopback.h"
 #include "tests/unit/kv/kv_transport_conformance.h"
@@ -408,23 +409,18 @@ TEST_CASE("DecodeKvDevice refuses before any payload moves", "[gpu][kv][cuda_ipc
 
 namespace {
 
-// Below two GPUs, or without libnccl, the nccl cases pass with a warning that starts with
-// "SKIPPED:" (tests/gpu/run.sh lists those lines in its report).
-bool nccl_runnable() {
+// Below two GPUs, or without libnccl, the nccl cases are skipped, by name and with the reason
+// (tests/common/test_skip.h); tests/gpu/run.sh leaves them out below two GPUs and lists them as
+// not applicable. Empty when they can run.
+std::string nccl_unrunnable() {
   const int n = device_count();
   if (n < 2) {
-    WARN(
-        "SKIPPED: nccl KV transport tests: NCCL needs two GPUs for its two ranks (it refuses two ranks on one "
-        "device); this machine has "
-        << n);
-    return false;
+    return "NCCL needs two GPUs for its two ranks (it refuses two ranks on one device); this machine has " +
+           std::to_string(n);
   }
   std::string error;
-  if (nccl_load(&error) == nullptr) {
-    WARN("SKIPPED: nccl KV transport tests: " << error);
-    return false;
-  }
-  return true;
+  if (nccl_load(&error) == nullptr) return "libnccl cannot be loaded: " + error;
+  return {};
 }
 
 NcclKvConfig nccl_sender(std::chrono::milliseconds deadline = std::chrono::seconds(60)) {
@@ -437,7 +433,7 @@ NcclKvConfig nccl_sender(std::chrono::milliseconds deadline = std::chrono::secon
 }  // namespace
 
 TEST_CASE("nccl transport passes the KvTransport conformance suite", "[gpu][kv][nccl]") {
-  if (!nccl_runnable()) return;
+  if (const std::string why = nccl_unrunnable(); !why.empty()) BATON_SKIP(why);
   DeviceLoopbackServer server(1);
   NcclKvTransport transport(nccl_sender());
   CHECK(transport.name() == "nccl");
@@ -446,7 +442,7 @@ TEST_CASE("nccl transport passes the KvTransport conformance suite", "[gpu][kv][
 }
 
 TEST_CASE("nccl transport gives up at its deadline", "[gpu][kv][nccl]") {
-  if (!nccl_runnable()) return;
+  if (const std::string why = nccl_unrunnable(); !why.empty()) BATON_SKIP(why);
   DeviceLoopbackServer server(1);
   {
     // NCCL's one-time set-up in this process (topology, NVML) with a patient transport first,
@@ -461,14 +457,14 @@ TEST_CASE("nccl transport gives up at its deadline", "[gpu][kv][nccl]") {
 }
 
 TEST_CASE("nccl transport moves multi-MiB chunks", "[gpu][kv][nccl]") {
-  if (!nccl_runnable()) return;
+  if (const std::string why = nccl_unrunnable(); !why.empty()) BATON_SKIP(why);
   DeviceLoopbackServer server(1);
   NcclKvTransport transport(nccl_sender());
   run_large_chunks(transport, server.address, server.receiver);
 }
 
 TEST_CASE("nccl transport rebuilds its communicator after a failure and a decode worker restart", "[gpu][kv][nccl]") {
-  if (!nccl_runnable()) return;
+  if (const std::string why = nccl_unrunnable(); !why.empty()) BATON_SKIP(why);
   NcclKvTransport transport(nccl_sender());
   auto server = std::make_unique<DeviceLoopbackServer>(1);
   const int port = server->port;

@@ -2,6 +2,7 @@
 // ncclGetUniqueId, the sender's memory of lasting refusals, its dropping of decode workers, and
 // the receiver's reservations. What moves bytes runs on GPUs (tests/gpu/kv_transport_test.cpp).
 #include "kv/nccl/nccl_transport.h"
+#include "tests/common/test_skip.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -46,12 +47,11 @@ struct RefusingServer {
   const std::string address;
 };
 
-// NCCL is loaded at run time; without it both ends refuse before anything tested here.
-bool nccl_loadable() {
+// NCCL is loaded at run time; without it both ends refuse before anything tested here, so the
+// test is skipped (and reported so, by name: tests/common/test_skip.h). Empty when loadable.
+std::string nccl_missing() {
   std::string error;
-  if (nccl_load(&error) != nullptr) return true;
-  WARN("SKIPPED: nccl transport control-plane tests: " << error);
-  return false;
+  return nccl_load(&error) != nullptr ? std::string() : "libnccl cannot be loaded: " + error;
 }
 
 Status send_one(NcclKvTransport& transport, const std::string& address) {
@@ -68,7 +68,7 @@ Status send_one(NcclKvTransport& transport, const std::string& address) {
 }  // namespace
 
 TEST_CASE("nccl sender does not ask a decode worker without CUDA, a GPU or NCCL again for refusal_ttl", "[kv][nccl]") {
-  if (!nccl_loadable()) return;
+  if (const std::string why = nccl_missing(); !why.empty()) BATON_SKIP(why);
   const grpc::StatusCode code = GENERATE(grpc::StatusCode::UNIMPLEMENTED, grpc::StatusCode::FAILED_PRECONDITION);
   const StatusCode expected = from_grpc(grpc::Status(code, "x")).code();
   RefusingServer server(grpc::Status(code, "this decode worker cannot take part"));
@@ -94,7 +94,7 @@ TEST_CASE("nccl sender does not ask a decode worker without CUDA, a GPU or NCCL 
 }
 
 TEST_CASE("nccl sender asks again after a refusal that may pass", "[kv][nccl]") {
-  if (!nccl_loadable()) return;
+  if (const std::string why = nccl_missing(); !why.empty()) BATON_SKIP(why);
   RefusingServer server(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "every session busy"));
   NcclKvTransport transport(NcclKvConfig{});
   CHECK(send_one(transport, server.address).code() == StatusCode::kResourceExhausted);
@@ -104,7 +104,7 @@ TEST_CASE("nccl sender asks again after a refusal that may pass", "[kv][nccl]") 
 }
 
 TEST_CASE("nccl sender drops decode workers that are unavailable, idle or beyond max_peers", "[kv][nccl]") {
-  if (!nccl_loadable()) return;
+  if (const std::string why = nccl_missing(); !why.empty()) BATON_SKIP(why);
   const grpc::Status busy(grpc::StatusCode::RESOURCE_EXHAUSTED, "every session busy");
   RefusingServer a(busy), b(busy), c(busy);
 
@@ -136,7 +136,7 @@ TEST_CASE("nccl sender drops decode workers that are unavailable, idle or beyond
 }
 
 TEST_CASE("nccl receiver reserves a session before the sender makes an id, and lets it expire", "[kv][nccl]") {
-  if (!nccl_loadable()) return;
+  if (const std::string why = nccl_missing(); !why.empty()) BATON_SKIP(why);
   NcclReceiverConfig config;
   config.max_sessions = 2;
   config.init_timeout = std::chrono::milliseconds(300);  // also the longest a reservation lives
