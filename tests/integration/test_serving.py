@@ -6,12 +6,13 @@ valid Prometheus text whose counts match the requests sent."""
 import concurrent.futures
 import random
 import subprocess
+import threading
 import time
 
 import grpc
 import pytest
 
-from serving_harness import metric_values
+from serving_harness import metric_values, wait_blocks_free
 
 
 def reference_ids(baton_bin, model, prompt_ids, max_tokens, temperature=0.0, seed=0, top_k=0, top_p=1.0):
@@ -62,29 +63,58 @@ def test_disaggregated_equals_single_process(pb, baton_bin, test_model, server_f
     assert got == want
 
 
+def prefill_step_histogram(srv):
+    """(steps, tokens, {le: cumulative steps}) of baton_prefill_step_tokens, summed over workers."""
+    text = srv.metrics()
+    steps = sum(metric_values(text, "baton_prefill_step_tokens_count").values())
+    tokens = sum(metric_values(text, "baton_prefill_step_tokens_sum").values())
+    buckets = {}
+    for labels, v in metric_values(text, "baton_prefill_step_tokens_bucket").items():
+        le = labels.rsplit('le="', 1)[1].split('"', 1)[0]
+        buckets[float(le)] = buckets.get(float(le), 0) + v
+    return steps, tokens, buckets
+
+
 def test_sixteen_concurrent_requests_batch_together(pb, baton_bin, test_model, server_factory, rng):
+    """16 requests released together (every channel connected first, then a barrier) share
+    prefill steps, and each one's output equals single-process `baton generate`.
+
+    The proof of sharing is baton_prefill_step_tokens: its sum grows by exactly the prompts' tokens
+    (nothing else runs on this server), and its count grows by fewer than 16. Each prompt lands in
+    at least one step and a step holds at most one slice of a given prompt, so fewer steps than
+    prompts means some step carried tokens of two or more prompts (pigeonhole; chunking cannot fake
+    it). Its buckets also show a step longer than the longest prompt, which no prompt fills alone.
+    Were each request prefilled alone, the count would grow by 16 and no step would pass the
+    longest prompt. Arrivals are never exactly simultaneous, so the number of steps varies (2-3
+    seen on 2 cores); the margin to 16 is wide."""
     srv = server_factory(test_model, "--dtype", "f32")
     prompts = [[rng.randrange(3, 275) for _ in range(rng.randrange(3, 60))] for _ in range(16)]
     wants = [reference_ids(baton_bin, test_model, p, 10) for p in prompts]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        futs = [pool.submit(generate, pb, srv.address, prompt_token_ids=p, max_tokens=10, ignore_eos=True)
-                for p in prompts]
-        gots = [f.result()[0] for f in futs]
+    steps0, tokens0, buckets0 = prefill_step_histogram(srv)  # all zero unless a start-up step ran
+    released = threading.Barrier(len(prompts))
+
+    def one(prompt):
+        with grpc.insecure_channel(srv.address) as ch:
+            grpc.channel_ready_future(ch).result(timeout=60)
+            released.wait(timeout=60)
+            msgs = pb.gen_grpc.GenerationStub(ch).Generate(
+                pb.gen.GenerateRequest(prompt_token_ids=prompt, max_tokens=10, ignore_eos=True), timeout=120)
+            return [t for m in msgs for t in m.token_ids]
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        gots = list(pool.map(one, prompts))
     assert gots == wants
 
-
-def wait_blocks_free(srv, timeout=10):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        text = srv.metrics()
-        free = metric_values(text, "baton_kv_blocks_free")
-        total = metric_values(text, "baton_kv_blocks_capacity")
-        decode_free = {k: v for k, v in free.items() if 'role="decode"' in k}
-        decode_total = {k: v for k, v in total.items() if 'role="decode"' in k}
-        if decode_free and decode_free == decode_total:
-            return True
-        time.sleep(0.1)
-    return False
+    steps1, tokens1, buckets1 = prefill_step_histogram(srv)
+    steps, tokens = steps1 - steps0, tokens1 - tokens0
+    buckets = {le: n - buckets0.get(le, 0) for le, n in buckets1.items()}
+    longest = max(len(p) for p in prompts)
+    print(f"16 prompts of {sorted(len(p) for p in prompts)} tokens: {steps:.0f} prefill steps, buckets {buckets}")
+    assert tokens == sum(len(p) for p in prompts), "every prompt token is prefilled exactly once"
+    assert steps < len(prompts), f"{steps:.0f} prefill steps for {len(prompts)} prompts: no step was shared"
+    # The smallest bucket bound >= the longest prompt: steps above it held more than any one prompt.
+    bound = min(le for le in buckets if le >= longest)
+    assert buckets[bound] < steps, f"no prefill step had more than {bound:.0f} >= {longest} (longest prompt) tokens"
 
 
 def test_cancel_mid_stream_frees_blocks(pb, test_model, server_factory):

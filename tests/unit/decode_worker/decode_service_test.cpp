@@ -161,7 +161,10 @@ TEST_CASE("gRPC refusals keep their codes", "[decode][grpc]") {
   REQUIRE(srv.admit("y", 12, 5, {}, fx.fingerprint()).ok());
   t.header.n_tokens = 11;
   t.header.token_ids.pop_back();
-  CHECK_FALSE(srv.transfer(t).ok());
+  // Refused for that reason, not for any other (a closed port or a checksum would also be "not ok").
+  const Status shape = srv.transfer(t);
+  CHECK(shape.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(shape.message(), Catch::Contains("covers 11 tokens but 12 were admitted"));
 
   // Release frees the reservation.
   CHECK(fx.engine->load().free_blocks < fx.engine->load().total_blocks);

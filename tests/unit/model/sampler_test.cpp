@@ -37,21 +37,46 @@ TEST_CASE("seeded sampling repeats and follows the softmax", "[sampler]") {
   }
 }
 
-TEST_CASE("top-k and top-p restrict the candidates", "[sampler]") {
+// Draws n tokens and returns each token's share.
+std::map<int32_t, double> shares(Sampler& s, const std::vector<float>& logits, int n) {
+  std::map<int32_t, double> out;
+  for (int i = 0; i < n; ++i) out[s.sample(logits)] += 1.0 / n;
+  return out;
+}
+
+TEST_CASE("top-k and top-p restrict the candidates and renormalise the softmax over them", "[sampler]") {
   const std::vector<float> logits = {0.0f, 5.0f, 4.9f, 1.0f, -3.0f};
+  // Over {1, 2} alone: p(1) = 1 / (1 + e^-0.1) = 0.525, p(2) = 0.475. With n = 20000 draws a share's
+  // standard deviation is 0.0035: a margin of 0.02 is 5.7 σ. An argmax-only sampler (always 1),
+  // or one that ignores the cut (p(1) = 0.50 over all five) fails.
+  const double p1 = 1.0 / (1.0 + std::exp(-0.1));
+  const int n = 20000;
   Sampler k2({1.0f, 2, 1.0f, std::random_device{}()});
-  for (int i = 0; i < 2000; ++i) {
-    const int32_t x = k2.sample(logits);
-    CHECK((x == 1 || x == 2));
-  }
+  auto got = shares(k2, logits, n);
+  CHECK(got.size() == 2);
+  CHECK(got[1] == Approx(p1).margin(0.02));
+  CHECK(got[2] == Approx(1 - p1).margin(0.02));
+
+  // top_k 1 is greedy whatever the temperature.
   Sampler k1({5.0f, 1, 1.0f, 7});
   for (int i = 0; i < 100; ++i) CHECK(k1.sample(logits) == 1);
-  // p(1) ≈ 0.50, p(2) ≈ 0.45 at T=1: top_p 0.5 keeps token 1 (and maybe 2), never the tail.
+
+  // At T = 1 the full softmax is p(1) = 0.500, p(2) = 0.452, then 0.037, 0.009, 0.0002: top_p 0.9
+  // keeps the smallest prefix reaching 0.9, {1, 2}, renormalised as above.
   Sampler p({1.0f, 0, 0.9f, std::random_device{}()});
-  for (int i = 0; i < 2000; ++i) {
-    const int32_t x = p.sample(logits);
-    CHECK((x == 1 || x == 2));
-  }
+  got = shares(p, logits, n);
+  CHECK(got.size() == 2);
+  CHECK(got[1] == Approx(p1).margin(0.02));
+  CHECK(got[2] == Approx(1 - p1).margin(0.02));
+
+  // top_p 0.4 is reached by token 1 alone.
+  Sampler p_one({1.0f, 0, 0.4f, std::random_device{}()});
+  for (int i = 0; i < 200; ++i) CHECK(p_one.sample(logits) == 1);
+
+  // Temperature divides the logits first: at T = 0.1 over {1, 2}, p(1) = 1 / (1 + e^-1) = 0.731.
+  Sampler cold({0.1f, 2, 1.0f, std::random_device{}()});
+  got = shares(cold, logits, n);
+  CHECK(got[1] == Approx(1.0 / (1.0 + std::exp(-1.0))).margin(0.02));
 }
 
 TEST_CASE("sampling parameters are validated by name", "[sampler]") {
