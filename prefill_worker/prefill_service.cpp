@@ -55,6 +55,9 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
   }
 
   void OnWriteDone(bool ok) override {
+    Next next;
+    PrefillEngine& engine = engine_;      // copies: once mu_ is released another thread may
+    const std::string id = request_id_;  // Finish, and the reactor be deleted
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
@@ -63,9 +66,12 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
         broken_ = true;  // the client is gone: nothing more can be written
         events_.clear();
       }
+      next = claim_locked();
     }
-    if (!ok) engine_.cancel(request_id_);  // usually OnCancel did already; cancel is idempotent
-    pump();
+    // A claim in `next` keeps the reactor alive until performed (OnDone comes only after Finish,
+    // the next OnWriteDone only after StartWrite); without one it may already be gone.
+    if (!ok) engine.cancel(id);  // usually OnCancel did already; cancel is idempotent
+    perform(this, next);
   }
 
   // Only a job this call submitted: a refused duplicate id must not cancel the original.
@@ -76,7 +82,45 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
   void OnDone() override { delete this; }
 
  private:
+  // What the thread holding mu_ claimed: the next write, or the call's Finish. The claim and the
+  // state change that allows it happen under one lock, and only the claiming thread performs it,
+  // touching nothing of `this` after: once the event queue is empty and done_ is set, any thread
+  // may Finish, and OnDone (which deletes the reactor) may run at once. (Setting done_, unlocking
+  // and then locking again to decide would let another thread Finish in the gap and the engine
+  // thread lock a freed mutex: the window tests/unit/prefill_worker/prefill_service_test.cpp
+  // stresses.)
+  struct Next {
+    const baton::v1::PrefillEvent* write = nullptr;  // StartWrite this
+    bool finish = false;                             // else Finish with status
+    grpc::Status status;
+  };
+
+  Next claim_locked() {
+    Next next;
+    if (writing_ || finished_) return next;
+    if (!events_.empty()) {
+      writing_ = true;
+      next.write = &events_.front();  // stays put (deque front) until OnWriteDone pops it
+    } else if (done_) {
+      finished_ = true;
+      next.finish = true;
+      next.status = final_status_;
+    }
+    return next;
+  }
+
+  // gRPC is called without mu_ held; after Finish the reactor may be gone. Static, so that an
+  // empty claim never touches a reactor another thread may have deleted.
+  static void perform(PrefillReactor* self, const Next& next) {
+    if (next.write != nullptr) {
+      self->StartWrite(next.write);
+    } else if (next.finish) {
+      self->Finish(next.status);
+    }
+  }
+
   void on_first_token(int32_t token, double queue_s, double prefill_s) {
+    Next next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (broken_) return;
@@ -84,11 +128,14 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       ft->set_token_id(token);
       ft->set_queue_seconds(queue_s);
       ft->set_prefill_seconds(prefill_s);
+      next = claim_locked();
     }
-    pump();
+    perform(this, next);
   }
 
+  // The engine's last call for the job.
   void on_done(const Status& status, double transfer_s, int64_t bytes) {
+    Next next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (status.ok() && !broken_) {
@@ -98,33 +145,9 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       }
       final_status_ = to_grpc(status);
       done_ = true;
+      next = claim_locked();
     }
-    pump();
-  }
-
-  // Starts the next write, or finishes the call once every event is written and the engine is
-  // done with the job. gRPC is called without mu_ held; after Finish `this` may be gone.
-  void pump() {
-    const baton::v1::PrefillEvent* next = nullptr;
-    grpc::Status finish_status;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (writing_ || finished_) return;
-      if (!events_.empty()) {
-        writing_ = true;
-        next = &events_.front();  // stays put (deque front) until OnWriteDone pops it
-      } else if (done_) {
-        finished_ = true;
-        finish_status = final_status_;
-      } else {
-        return;
-      }
-    }
-    if (next) {
-      StartWrite(next);
-    } else {
-      Finish(finish_status);
-    }
+    perform(this, next);
   }
 
   PrefillEngine& engine_;
