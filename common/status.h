@@ -22,6 +22,7 @@ enum class StatusCode {
   kDeadlineExceeded,    // the request's deadline passed
   kUnavailable,         // no healthy worker / a peer is down: retry later
   kFailedPrecondition,  // the system is not in a state to do this (model mismatch, not admitted)
+  kPermissionDenied,    // the caller may not ask for this (a priority above what it may raise to)
 };
 
 const char* status_code_name(StatusCode code);
@@ -52,6 +53,7 @@ inline Status cancelled(std::string m) { return {StatusCode::kCancelled, std::mo
 inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status permission_denied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value of type T or a non-ok Status.

@@ -1,17 +1,28 @@
 #include "model/sampler.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace baton {
+namespace {
+
+// %g: "1e-45" and "inf" rather than std::to_string's "0.000000".
+std::string format_float(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(x));
+  return buf;
+}
+
+}  // namespace
 
 Status validate_sampling(const SamplingParams& p) {
   if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
-    return invalid_argument("temperature must be a finite number >= 0 (0 means greedy), got " + std::to_string(p.temperature));
+    return invalid_argument("temperature must be a finite number >= 0 (0 means greedy), got " + format_float(p.temperature));
   }
   if (p.top_k < 0) return invalid_argument("top_k must be >= 0 (0 keeps every token), got " + std::to_string(p.top_k));
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return invalid_argument("top_p must be in (0, 1], got " + std::to_string(p.top_p));
+    return invalid_argument("top_p must be in (0, 1], got " + format_float(p.top_p));
   }
   return {};
 }

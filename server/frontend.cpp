@@ -1,5 +1,6 @@
 #include "server/frontend.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -10,7 +11,23 @@
 
 namespace baton {
 
+namespace {
+
+// libprotobuf logs a line at ERROR for every string field with invalid UTF-8 it refuses to parse:
+// a client could flood the log. The client gets INVALID_ARGUMENT (generate_call.cpp); the line
+// goes to debug. Anything FATAL stays loud.
+void protobuf_log(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    spdlog::critical("protobuf {}:{}: {}", file, line, message);
+  } else {
+    spdlog::debug("protobuf {}:{}: {}", file, line, message);
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metrics* metrics) {
+  google::protobuf::SetLogHandler(&protobuf_log);
   auto fe = std::unique_ptr<Frontend>(new Frontend(metrics));
   BATON_ASSIGN_OR_RETURN(fe->file_, GgufFile::open(config.model_path));
   BATON_ASSIGN_OR_RETURN(fe->tokenizer_, Tokenizer::from_gguf(*fe->file_));
@@ -18,6 +35,7 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->model_.fingerprint = model_fingerprint(fe->model_.config, *fe->file_);
   fe->model_.tokenizer = fe->tokenizer_.get();
   fe->model_.name = std::filesystem::path(config.model_path).stem().string();
+  fe->model_.max_priority = config.max_priority;
   if (!config.chat_template.empty()) {
     BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
     fe->model_.chat_template = ChatTemplate::for_kind(kind);
@@ -89,8 +107,8 @@ void Frontend::update_gauges() {
   metrics_->running_sequences.Add(labels).Set(scheduler_->n_admitted() - scheduler_->n_queued());
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* Frontend::Generate(grpc::CallbackServerContext* context,
-                                                                   const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* Frontend::Generate(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* request) {
   auto* reactor = start_generate_call(context_, context, request);
   update_gauges();
   return reactor;

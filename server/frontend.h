@@ -20,12 +20,14 @@ struct FrontendConfig {
   std::string model_path;     // GGUF file (metadata only)
   std::string name;           // listen address, for metrics labels and logs
   std::string chat_template;  // "" (from the model) | chatml | llama3
+  int32_t max_priority = 0;   // highest priority a client may ask for (ServedModel::max_priority)
   WorkerPoolConfig workers;   // where the workers are
   SchedulerConfig scheduler;  // admission bounds
   WorkerRegistryConfig registry;
 };
 
-class Frontend final : public v1::Generation::CallbackService {
+// Generate is the raw method: generate_call.h says why.
+class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::CallbackService> {
  public:
   // `metrics` may be null; it must outlive the frontend.
   static Result<std::unique_ptr<Frontend>> create(FrontendConfig config, Metrics* metrics);
@@ -40,8 +42,8 @@ class Frontend final : public v1::Generation::CallbackService {
   void set_draining() { draining_ = true; }
   int32_t n_in_flight() const { return scheduler_->n_admitted(); }
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* context,
-                                                           const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 

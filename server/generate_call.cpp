@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/check.h"
 #include "common/grpc_status.h"
 #include "proto/convert.h"
 
@@ -11,6 +12,14 @@ namespace {
 using SteadyTime = std::chrono::steady_clock;
 
 double seconds_between(SteadyTime::time_point a, SteadyTime::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+grpc::ByteBuffer serialize(const v1::GenerateResponse& msg) {
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  const grpc::Status s = grpc::SerializationTraits<v1::GenerateResponse>::Serialize(msg, &bytes, &own);
+  BATON_CHECK(s.ok(), "serializing a GenerateResponse failed: %s", s.error_message().c_str());
+  return bytes;
+}
 
 }  // namespace
 
@@ -27,6 +36,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     if (fc_.live_calls != nullptr) fc_.live_calls->fetch_sub(1);
   }
 
+  // Parses the request's bytes, then starts it (or ends the call with INVALID_ARGUMENT).
+  void start(const grpc::ByteBuffer& bytes);
   void start(const v1::GenerateRequest& request);
   void on_write_done(bool ok);
   void on_cancel();
@@ -94,17 +105,17 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   bool decode_done_ = false;
   double queue_s_ = 0, prefill_s_ = 0, kv_transfer_s_ = -1, decode_queue_s_ = 0;
 
-  // Outgoing messages; one write in flight at a time.
-  std::deque<v1::GenerateResponse> out_;
+  // Outgoing messages, serialized; one write in flight at a time.
+  std::deque<grpc::ByteBuffer> out_;
   bool writing_ = false;
   bool ending_ = false;          // end decided: no more tokens accepted
   bool finish_called_ = false;
   grpc::Status final_status_;
 };
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateReactor(FrontendContext& fc, grpc::CallbackServerContext* context, const v1::GenerateRequest* request)
+  GenerateReactor(FrontendContext& fc, grpc::CallbackServerContext* context, const grpc::ByteBuffer* request)
       : call_(std::make_shared<GenerateCall>(fc, context, this)) {
     call_->start(*request);
   }
@@ -154,6 +165,19 @@ class WorkerStream final : public grpc::ClientReadReactor<Event> {
   EventFn on_event_;
   DoneFn on_done_;
 };
+
+void GenerateCall::start(const grpc::ByteBuffer& bytes) {
+  v1::GenerateRequest request;
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
+  if (!grpc::SerializationTraits<v1::GenerateRequest>::Deserialize(&copy, &request).ok()) {
+    std::lock_guard<std::mutex> lock(mu_);  // nothing submitted yet: as the refusals in start below
+    end_locked(invalid_argument(
+        "the request is not a valid baton.v1.GenerateRequest: malformed protobuf bytes, or a string field "
+        "(prompt, messages, stop, model, request_id) that is not valid UTF-8"));
+    return;
+  }
+  start(request);
+}
 
 void GenerateCall::start(const v1::GenerateRequest& request) {
   PendingRequest pending;
@@ -391,7 +415,7 @@ void GenerateCall::emit_tokens_locked(const std::vector<int32_t>& ids) {
     text += text_->push(id);
   }
   msg.set_text(text);
-  out_.push_back(std::move(msg));
+  out_.push_back(serialize(msg));
   pump_locked();
   if (text_->stopped()) {
     // A stop string ends the request here; end_locked cancels the decode stream, which frees
@@ -460,7 +484,7 @@ void GenerateCall::end_locked(const Status& status) {
     t->set_e2e_seconds(seconds_between(arrival_, now));
     fin->set_prefill_worker(placement_.prefill_address);
     fin->set_decode_worker(placement_.decode_address);
-    out_.push_back(std::move(msg));
+    out_.push_back(serialize(msg));
     spdlog::info("req={} done: {} tokens, finish {}, ttft {:.3f}s, e2e {:.3f}s", spec_.request_id, n_generated_,
                  finish_reason_, t->ttft_seconds(), t->e2e_seconds());
   } else {
@@ -524,9 +548,8 @@ void GenerateCall::on_cancel() {
                      : cancelled("the client cancelled the request"));
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* start_generate_call(FrontendContext& fc,
-                                                                    grpc::CallbackServerContext* context,
-                                                                    const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate_call(FrontendContext& fc, grpc::CallbackServerContext* context,
+                                                                const grpc::ByteBuffer* request) {
   return new GenerateReactor(fc, context, request);
 }
 

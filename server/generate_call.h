@@ -46,9 +46,11 @@ struct FrontendContext {
 
 class GenerateCall;
 
-// Creates the reactor for one Generate RPC (FrontendService::Generate returns it).
-grpc::ServerWriteReactor<v1::GenerateResponse>* start_generate_call(FrontendContext& fc,
-                                                                    grpc::CallbackServerContext* context,
-                                                                    const v1::GenerateRequest* request);
+// Creates the reactor for one Generate RPC (Frontend::Generate returns it). The request arrives
+// as bytes and the responses leave as bytes (the raw callback method): the frontend parses the
+// request itself, so a malformed one (bad wire format, a string field that is not UTF-8) gets
+// INVALID_ARGUMENT with a message instead of gRPC's bare UNIMPLEMENTED.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate_call(FrontendContext& fc, grpc::CallbackServerContext* context,
+                                                                const grpc::ByteBuffer* request);
 
 }  // namespace baton

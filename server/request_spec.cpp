@@ -11,6 +11,29 @@ constexpr size_t kMaxRequestIdBytes = 128;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 
+// A client's string as an error message quotes it: at most kMaxEchoBytes, bytes outside
+// printable ASCII as \xNN, and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB
+// message and log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
+constexpr size_t kMaxEchoBytes = 64;
+
+std::string quote_input(const std::string& s) {
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMaxEchoBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  out += "'";
+  if (s.size() > kMaxEchoBytes) out += " (cut, " + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
 bool printable_ascii(const std::string& s) {
   for (unsigned char c : s) {
     if (c < 0x21 || c > 0x7E) return false;
@@ -28,7 +51,7 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     return invalid_argument("request_id must be at most 128 printable ASCII characters without spaces");
   }
   if (!r.model().empty() && r.model() != m.name) {
-    return invalid_argument("model '" + r.model() + "' is not served here (ListModels: '" + m.name + "')");
+    return invalid_argument("model " + quote_input(r.model()) + " is not served here (ListModels: '" + m.name + "')");
   }
   const int n_forms = (r.prompt().empty() ? 0 : 1) + (r.prompt_token_ids_size() > 0 ? 1 : 0) + (r.messages_size() > 0 ? 1 : 0);
   if (n_forms == 0) {
@@ -59,8 +82,8 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     for (int i = 0; i < r.messages_size(); ++i) {
       const auto& msg = r.messages(i);
       if (msg.role() != "system" && msg.role() != "user" && msg.role() != "assistant") {
-        return invalid_argument("messages[" + std::to_string(i) + "].role must be system, user or assistant, got '" +
-                                msg.role() + "'");
+        return invalid_argument("messages[" + std::to_string(i) + "].role must be system, user or assistant, got " +
+                                quote_input(msg.role()));
       }
       messages.push_back({msg.role(), msg.content()});
     }
@@ -92,6 +115,15 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     spec.stop.push_back(r.stop(i));
   }
   spec.ignore_eos = r.ignore_eos();
+  if (r.priority() < -kPriorityBound || r.priority() > kPriorityBound) {
+    return invalid_argument("priority must be in [" + std::to_string(-kPriorityBound) + ", " +
+                            std::to_string(kPriorityBound) + "], got " + std::to_string(r.priority()));
+  }
+  if (r.priority() > m.max_priority) {
+    return permission_denied("priority " + std::to_string(r.priority()) + " is above " + std::to_string(m.max_priority) +
+                             ", the highest this frontend lets clients ask for (--max-priority); lower priorities "
+                             "are always allowed");
+  }
   spec.priority = r.priority();
   return spec;
 }

@@ -25,14 +25,21 @@ struct GenerateSpec {
   int32_t priority = 0;
 };
 
-// What validation needs to know about the served model.
+// What validation needs to know: the served model, and the frontend's limit on priority.
 struct ServedModel {
   std::string name;
   ModelConfig config;
   std::string fingerprint;
   const Tokenizer* tokenizer = nullptr;
   std::optional<ChatTemplate> chat_template;  // absent when the model has none baton knows
+  // The highest priority a client may ask for (--max-priority). Clients may always lower theirs
+  // (down to -kPriorityBound); raising it above this is refused, so an unauthenticated client
+  // cannot starve the others. (Per-key privileges come with API keys.)
+  int32_t max_priority = 0;
 };
+
+// |priority| is bounded whatever --max-priority says.
+inline constexpr int32_t kPriorityBound = 1000;
 
 // `generated_id` is used when the request carries no id.
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& request, const ServedModel& model,

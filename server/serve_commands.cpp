@@ -7,9 +7,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "kv/tcp/tcp_transport.h"
+#include "server/request_spec.h"
 #if BATON_WITH_CUDA_KV
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
 #include "kv/kv_device_service.h"
@@ -50,6 +53,7 @@ struct ServeArgs {
   // frontend
   std::string prefill_addresses, prefill_dns, decode_addresses, decode_dns;
   int max_requests = 256;
+  int max_priority = 0;
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;
   // prefill
@@ -281,10 +285,18 @@ struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
   std::unique_ptr<RpcServer> server;
 
+  // The listener stays open while requests in flight finish (up to `grace`), so a call that
+  // arrives meanwhile hears why it is refused ("this frontend is shutting down; retry on another
+  // replica", UNAVAILABLE) instead of a refused connection that looks like a crash.
   void drain(std::chrono::seconds grace) {
+    const auto deadline = std::chrono::steady_clock::now() + grace;
     frontend->set_draining();
     server->set_not_serving();
-    server->shutdown(grace);
+    while (frontend->n_in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+    server->shutdown(std::max(left, std::chrono::seconds(0)));
     frontend->stop();
   }
 };
@@ -296,6 +308,7 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   fc.model_path = a.model;
   fc.name = name;
   fc.chat_template = a.chat_template;
+  fc.max_priority = a.max_priority;
   fc.workers.prefill_addresses = std::move(prefill);
   fc.workers.prefill_dns = a.prefill_dns;
   fc.workers.decode_addresses = std::move(decode);
@@ -450,6 +463,10 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--max-queued-prompt-tokens", a.max_queued_prompt_tokens, "Frontend: queued prompt tokens bound")
       ->check(CLI::PositiveNumber)
       ->envname("BATON_MAX_QUEUED_PROMPT_TOKENS");
+  c->add_option("--max-priority", a.max_priority,
+                "Frontend: highest request priority a client may ask for (lower is always allowed)")
+      ->check(CLI::Range(-kPriorityBound, kPriorityBound))
+      ->envname("BATON_MAX_PRIORITY");
   c->add_option("--chat-template", a.chat_template, "chatml | llama3 (default: from the model)")
       ->envname("BATON_CHAT_TEMPLATE");
   c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")
