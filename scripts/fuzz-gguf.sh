@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds the GGUF reader's libFuzzer target with clang (ASan + UBSan) and runs it for N seconds
-# (default 180) on a seed corpus of test models that `baton tools make-test-model` writes.
-# Crashes land in fuzz-out/ (ignored by git).
+# (default 180; CI runs 60 through scripts/test.sh) on the corpus kept in the repository
+# (tests/fuzz/corpus/gguf: small test models and the inputs earlier runs found interesting,
+# minimised with -merge=1) plus fresh test models that `baton tools make-test-model` writes.
+# New inputs and crashes land in fuzz-out/ (ignored by git); exit status non-zero on a crash.
+# To grow the kept corpus after a long run:
+#   fuzz-out/gguf_fuzz -merge=1 tests/fuzz/corpus/gguf fuzz-out/corpus
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-180}"
@@ -18,4 +22,4 @@ done
 ./build/baton tools make-test-model --out "$out/corpus/qwen2.gguf" --arch qwen2 --layers 1 --dim 32 --heads 2 \
   --kv-heads 2 --ffn 32 --ctx 64 --tied
 "$out/gguf_fuzz" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$out/" "$out/corpus"
+  -artifact_prefix="$out/" "$out/corpus" tests/fuzz/corpus/gguf

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs dependencies, builds, fetches the real model, then the
 # unit tests (ctest, full build and engine-only build), the end-to-end tests against independent
-# references, the serving tests over real processes and the deployment tests (pytest).
+# references, the serving tests over real processes and the deployment tests (pytest), the GGUF
+# fuzzer for 60 s, and the unit and serving tests again under ASan + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -24,3 +25,7 @@ cmake -S . -B build-engine -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ON
 cmake --build build-engine -j "$(nproc)"
 (cd build-engine && ctest --output-on-failure -j 1)
 "$BATON_VENV/bin/python" -m pytest -q -rs tests/e2e tests/integration tests/deploy
+# The GGUF reader's fuzzer for a bounded time on the kept corpus (ASan + UBSan, libFuzzer).
+./scripts/fuzz-gguf.sh 60
+# ASan + UBSan over the unit tests and the serving tests.
+./scripts/sanitize.sh

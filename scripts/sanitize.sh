@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# ASan + UBSan over baton's own code: builds build-asan/ (CPU only, -O1, frame pointers, UBSan
+# aborting on the first report), runs the unit tests (ctest) and the serving tests
+# (tests/integration: real baton processes on loopback, driven by the Python gRPC client) with
+# that binary. Any sanitizer report fails the run. CI runs it through scripts/test.sh; the Debian
+# libraries (gRPC, protobuf, oneDNN) are not instrumented, so reports come from baton's code only.
+# TSan is not run: the uninstrumented gRPC drowns it in reports (see tests/unit/prefill_worker/
+# prefill_service_test.cpp for the reactor window it cannot see, closed and stress-tested).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DBATON_CUDA=OFF \
+  -DBATON_NATIVE=ON >/dev/null
+cmake --build build-asan -j "$(nproc)"
+# detect_leaks: LeakSanitizer at exit. halt_on_error with UBSan's -fno-sanitize-recover: the first
+# report ends the process with a non-zero status, which fails the test.
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+(cd build-asan && ctest --output-on-failure -j 1)
+BATON_BIN="$PWD/build-asan/baton" "$BATON_VENV/bin/python" -m pytest -q -rs tests/integration
