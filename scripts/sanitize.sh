@@ -4,6 +4,8 @@
 # (tests/integration: real baton processes on loopback, driven by the Python gRPC client) with
 # that binary. Any sanitizer report fails the run. CI runs it through scripts/test.sh; the Debian
 # libraries (gRPC, protobuf, oneDNN) are not instrumented, so reports come from baton's code only.
+# Warnings are not errors here (GCC 12's maybe-uninitialized misfires under the sanitizers); the
+# Release build in scripts/build.sh keeps -Werror.
 # TSan is not run: the uninstrumented gRPC drowns it in reports (see tests/unit/prefill_worker/
 # prefill_service_test.cpp for the reactor window it cannot see, closed and stress-tested).
 set -euo pipefail
@@ -12,7 +14,7 @@ source scripts/env.sh
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DBATON_CUDA=OFF \
-  -DBATON_NATIVE=ON >/dev/null
+  -DBATON_NATIVE=ON -DBATON_WERROR=OFF >/dev/null
 cmake --build build-asan -j "$(nproc)"
 # detect_leaks: LeakSanitizer at exit. halt_on_error with UBSan's -fno-sanitize-recover: the first
 # report ends the process with a non-zero status, which fails the test.
