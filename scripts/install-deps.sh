@@ -31,9 +31,10 @@ build_packages=(
 # The developer's tools around the build: ccache, Debian's python3 for the venv (a minimal system
 # has none, and PEP 668 forbids pip outside a venv), certificates and curl for the registries.
 tool_packages=(ccache python3 python3-venv ca-certificates curl)
-# Only for the tests: Catch2, clang for the libFuzzer target, Prometheus and promtool, iproute2
+# Only for the tests: Catch2, clang and its runtimes (libFuzzer, sanitizers: libclang-rt-14-dev,
+# which clang only recommends) for the fuzz target, Prometheus and promtool, iproute2
 # and procps for the process and network tests.
-test_packages=(catch2 clang prometheus iproute2 procps)
+test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps)
 
 packages=("${build_packages[@]}" "${tool_packages[@]}")
 ((with_tests)) && packages+=("${test_packages[@]}")
