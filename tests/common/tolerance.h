@@ -23,8 +23,6 @@
 #include <cmath>
 #include <span>
 
-#include "kernels/backend.h"
-
 namespace baton::testing {
 
 // Hoeffding's λ: see the comment above.
@@ -33,18 +31,6 @@ inline constexpr double kLambda = 7.0;
 // Unit roundoff u = 2^-p of each type (p = significand bits, implicit bit included).
 inline constexpr double kUnitRoundoffF32 = 0x1p-24;
 inline constexpr double kUnitRoundoffBF16 = 0x1p-8;
-inline constexpr double kUnitRoundoffF16 = 0x1p-11;
-
-inline double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return kUnitRoundoffBF16;
-    case DType::kF16:
-      return kUnitRoundoffF16;
-    default:
-      return kUnitRoundoffF32;
-  }
-}
 
 // Σ t_k² and Σ S_k² of a sum, accumulated term by term, for sum_tolerance.
 struct SumStats {

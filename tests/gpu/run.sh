@@ -217,7 +217,8 @@ if [ -n "${BATON_MODEL:-}" ]; then
     timeout -k 5 30 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --max-tokens 48 \
       --chat "$chat" >"$out/generate-${dev/:/}.txt" 2>&1 || status=1
   done
-  # The prompt as ids (ChatML, as --chat renders it), then greedy ids on both devices.
+  # A ChatML prompt as ids, then greedy ids on both devices: the GPU in bf16, the CPU in f32 (the
+  # exact mode the near-tie margin below is measured in).
   # shellcheck disable=SC2046
   prompt_ids=$($(cmd baton) tokenize --model "$BATON_MODEL" \
     "<|im_start|>system
@@ -227,12 +228,13 @@ $chat<|im_end|>
 <|im_start|>assistant
 ")
   for dev in cuda:0 cpu; do
+    dtype=bf16; [ "$dev" = cpu ] && dtype=f32
     # shellcheck disable=SC2046
-    timeout -k 5 30 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --max-tokens 64 --ignore-eos \
-      --prompt-ids "$prompt_ids" --print-ids >"$out/ids-${dev/:/}.txt" 2>"$out/ids-${dev/:/}.log" || status=1
+    timeout -k 5 30 $(cmd baton) generate --model "$BATON_MODEL" --device "$dev" --dtype "$dtype" --max-tokens 64 \
+      --ignore-eos --prompt-ids "$prompt_ids" --print-ids >"$out/ids-${dev/:/}.txt" 2>"$out/ids-${dev/:/}.log" || status=1
   done
-  # Where they first differ, the CPU's logits for that position (f32, the exact mode) say whether
-  # the top two were a near-tie: within kNearTie of the row's logit range.
+  # Where they first differ, the CPU's logits for that position say whether the top two were a
+  # near-tie: within K_NEAR_TIE of the row's logit range.
   python3 - "$out" "$prompt_ids" "$(cmd baton)" "$BATON_MODEL" >"$out/greedy-compare.txt" <<'PY' || status=1
 import pathlib, struct, subprocess, sys
 out, prompt, baton, model = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(), sys.argv[4]
