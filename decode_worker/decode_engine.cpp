@@ -384,11 +384,10 @@ Status DecodeEngine::kv_end(const std::string& id) {
     seq->kv_transfer_seconds = seconds_between(seq->kv_begin_at, seq->kv_end_at);
     seq->covered = {};
     // Continue exactly where a single-process Generator would: the first token (sampled by the
-    // prefill worker, one draw of the seeded stream) is the input at position n_tokens.
+    // prefill worker at position n_tokens) is the input there; draws are keyed by position.
     seq->next_token = seq->first_token;
     seq->position = n_tokens;
     seq->n_generated = 1;
-    seq->sampler.skip(1);
     seq->state = SeqState::kRunning;
     --n_waiting_;
     if (!seq->admit.ignore_eos && is_stop(seq->first_token)) {
@@ -492,7 +491,7 @@ void DecodeEngine::step(const std::vector<SeqPtr>& batch, std::vector<int32_t>* 
   }
   // Sampled where the logits are: on a GPU only the ids come back.
   specs_.clear();
-  for (const SeqPtr& s : batch) specs_.push_back(s->sampler.next_spec());
+  for (const SeqPtr& s : batch) specs_.push_back(s->sampler.spec_at(s->position + 1));  // the token after the input
   model_.forward_sample(b, *cache_, specs_, sampled);
 }
 

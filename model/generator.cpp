@@ -63,7 +63,7 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   Sampler sampler(opt.sampling);
   res.finish_reason = "length";
   // Decode steps sample where the logits are (on a GPU only the ids come back).
-  int32_t id = sampler.sample(res.last_logits);
+  int32_t id = sampler.sample(res.last_logits, n_prompt);
   std::vector<int32_t> sampled;
   for (int i = 0; i < opt.max_tokens; ++i) {
     res.tokens.push_back(id);
@@ -76,7 +76,7 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
     if (i + 1 == opt.max_tokens) break;
     batch.clear();
     batch.add(std::span(&res.tokens.back(), 1), static_cast<int32_t>(n_prompt + i), table, Logits::kLast);
-    const SampleSpec spec = sampler.next_spec();
+    const SampleSpec spec = sampler.spec_at(n_prompt + i + 1);
     model_.forward_sample(batch, *cache, std::span(&spec, 1), &sampled);
     id = sampled[0];
   }

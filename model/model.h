@@ -46,7 +46,7 @@ class Model {
   // with [batch.logit_rows().size(), n_vocab] floats, in the batch's order.
   void forward(const StepBatch& batch, KvCache& cache, std::vector<float>* logits);
   // The same step, but samples a token from each logits row where the logits are (one spec per
-  // row of batch.logit_rows(), see Sampler::next_spec) and returns only the ids.
+  // row of batch.logit_rows(), see Sampler::spec_at) and returns only the ids.
   void forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
                       std::vector<int32_t>* tokens);
 

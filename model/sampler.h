@@ -1,9 +1,14 @@
 // Token sampling from logits: greedy, temperature, top-k, top-p, seeded (same seed, same
 // logits → same tokens on every run and machine).
+//
+// The random number of a draw is a function of (seed, position) alone, where position is the
+// index in the sequence of the token being drawn (the number of tokens before it). So whichever
+// process samples a position — the single-process Generator, the prefill worker (the first
+// token), a decode worker, or a prefill worker re-prefilling prompt + earlier output after a
+// failover — draws the same number, with no stream state to hand over.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -24,22 +29,18 @@ Status validate_sampling(const SamplingParams& params);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-  int32_t sample(std::span<const float> logits);
-  // The spec for the next draw (advancing the stream as sample() would), for sampling on the
-  // device: Backend::sample(logits, {next_spec()}) picks what sample(logits) would.
-  SampleSpec next_spec();
-  // Advances the random stream past `n` samples, as if sample() had been called n times (one
-  // draw each when temperature > 0, none when greedy). A decode worker continuing a request whose
-  // first token the prefill worker sampled calls skip(1), so disaggregated and single-process
-  // generation give the same text for a seed.
-  void skip(int n);
+  explicit Sampler(const SamplingParams& params) : params_(params) {}
+  // Draws the token at sequence index `position` from that position's logits.
+  int32_t sample(std::span<const float> logits, int64_t position) const;
+  // The spec of that draw, for sampling on the device: Backend::sample(logits, {spec_at(p)})
+  // picks what sample(logits, p) would.
+  SampleSpec spec_at(int64_t position) const;
 
  private:
-  double uniform();  // in [0, 1), from 53 random bits (portable, unlike std distributions)
-
   SamplingParams params_;
-  std::mt19937_64 rng_;
 };
+
+// The uniform number in [0, 1) of the draw at `position` for `seed` (53 random bits).
+double sample_uniform(uint64_t seed, int64_t position);
 
 }  // namespace baton

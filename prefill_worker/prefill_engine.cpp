@@ -305,9 +305,8 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   std::vector<SampleSpec> specs;
   for (const Slice& s : slices) {
     if (s.start + s.n != s.job->n_tokens()) continue;
-    Sampler sampler(s.job->spec.sampling);
-    sampler.skip(s.job->spec.n_generated);
-    specs.push_back(sampler.next_spec());
+    // Drawn for the token after prompt + earlier output: that position's draw (model/sampler.h).
+    specs.push_back(Sampler(s.job->spec.sampling).spec_at(s.job->n_tokens()));
     finished.push_back(s.job);
   }
   std::vector<int32_t> first_tokens;

@@ -61,8 +61,8 @@ Status validate_prefill_config(const PrefillConfig& config);
 struct PrefillJob {
   std::string request_id;       // unique among this worker's jobs in progress
   std::vector<int32_t> tokens;  // the prompt, then the tokens generated before a failover
-  int n_generated = 0;          // how many of `tokens` were generated before a failover: the sampler
-                                // skips that many draws, so a seeded stream continues where it stopped
+  int n_generated = 0;          // how many of `tokens` were generated before a failover (the first
+                                // token is drawn at position tokens.size(), as the decode worker would)
   SamplingParams sampling;
   std::string decode_address;     // the decode worker that receives the KV
   std::string model_fingerprint;  // copied into the KV header (the receiver refuses a mismatch)

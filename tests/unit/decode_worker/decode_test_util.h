@@ -97,7 +97,7 @@ inline Transfer prefill(Model& model, const std::string& id, const std::vector<i
   h.n_kv_heads = c.n_kv_heads;
   h.head_dim = c.head_dim;
   h.n_tokens = n;
-  h.first_token = sampler.sample(logits);
+  h.first_token = sampler.sample(logits, n);
   h.token_ids = prompt;
   for (int layer = 0; layer < c.n_layers; ++layer) {
     for (int s = 0; s < n; s += chunk_tokens) {

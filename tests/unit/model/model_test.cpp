@@ -131,9 +131,10 @@ TEST_CASE("forward_sample draws what the host sampler draws from forward's logit
   std::vector<SampleSpec> specs;
   std::vector<int32_t> want;
   for (size_t i = 0; i < params.size(); ++i) {
-    Sampler a(params[i]), b(params[i]);
-    want.push_back(a.sample(std::span<const float>(logits).subspan(i * vocab, vocab)));
-    specs.push_back(b.next_spec());
+    const Sampler sampler(params[i]);
+    const auto pos = static_cast<int64_t>(prompts[i].size());
+    want.push_back(sampler.sample(std::span<const float>(logits).subspan(i * vocab, vocab), pos));
+    specs.push_back(sampler.spec_at(pos));
   }
   std::vector<int32_t> got;
   model.forward_sample(batch, *cache, specs, &got);  // rewrites the same KV with the same values
