@@ -44,6 +44,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
       generation_tokens_total(family<prometheus::Counter>(*r, "baton_generation_tokens_total", "Tokens generated")),
       kv_transfer_errors_total(family<prometheus::Counter>(*r, "baton_kv_transfer_errors_total",
                                                            "KV hand-offs that failed or were refused, by destination")),
+      request_failovers_total(family<prometheus::Counter>(*r, "baton_request_failovers_total",
+                                                          "Requests moved to other workers after a worker failed them, by what failed")),
       queue_depth(family<prometheus::Gauge>(*r, "baton_queue_depth", "Requests waiting, per role and worker")),
       running_sequences(family<prometheus::Gauge>(*r, "baton_running_sequences", "Requests in progress, per role and worker")),
       kv_blocks_free(family<prometheus::Gauge>(*r, "baton_kv_blocks_free", "Free KV cache blocks, per worker")),

@@ -36,6 +36,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& prompt_tokens_total;
   prometheus::Family<prometheus::Counter>& generation_tokens_total;
   prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // label destination
+  prometheus::Family<prometheus::Counter>& request_failovers_total;   // label reason="prefill|kv_handoff|decode_admit|decode"
   // Gauges.
   prometheus::Family<prometheus::Gauge>& queue_depth;         // requests waiting (frontend: admitted, unplaced; prefill: queued)
   prometheus::Family<prometheus::Gauge>& running_sequences;   // prefill: prompts in progress; decode: sequences generating

@@ -13,6 +13,19 @@ std::string seconds_string(std::chrono::nanoseconds d) {
   return buf;
 }
 
+bool any_placeable(const std::vector<WorkerSnapshot>& workers) {
+  return std::any_of(workers.begin(), workers.end(), [](const WorkerSnapshot& w) { return w.can_place(); });
+}
+
+// `workers` without those in `avoid`.
+std::vector<WorkerSnapshot> without(const std::vector<WorkerSnapshot>& workers, const std::vector<std::string>& avoid) {
+  std::vector<WorkerSnapshot> out;
+  for (const auto& w : workers) {
+    if (std::find(avoid.begin(), avoid.end(), w.address) == avoid.end()) out.push_back(w);
+  }
+  return out;
+}
+
 // KV positions the largest reported decode worker holds (0 when none has reported).
 int64_t largest_decode_capacity(const std::vector<WorkerSnapshot>& decode) {
   int64_t best = 0;
@@ -30,6 +43,7 @@ Status SchedulerConfig::validate() const {
     return invalid_argument("max_queued_prompt_tokens must be >= 1, got " + std::to_string(max_queued_prompt_tokens));
   }
   if (max_head_bypass.count() < 0) return invalid_argument("max_head_bypass must be >= 0");
+  if (no_worker_timeout.count() <= 0) return invalid_argument("no_worker_timeout must be > 0");
   return {};
 }
 
@@ -109,6 +123,7 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
     }
     Entry e;
     e.seq = next_seq_++;
+    e.queued_at = now;
     e.on_placed = std::move(on_placed);
     e.on_failed = std::move(on_failed);
     queued_prompt_tokens_ += req.n_prompt_tokens;
@@ -202,7 +217,17 @@ void Scheduler::fail_unservable_locked(TimePoint now, Actions& actions) {
       continue;
     }
     Status s = check_servable(req, decode, prefill);
-    if (!s.ok()) failures.emplace_back(k.id, std::move(s));
+    if (!s.ok()) {
+      failures.emplace_back(k.id, std::move(s));
+      continue;
+    }
+    const bool no_decode = !any_placeable(decode), no_prefill = !any_placeable(prefill);
+    const auto waited = now - requests_.at(k.id).queued_at;
+    if ((no_decode || no_prefill) && waited >= config_.no_worker_timeout) {
+      failures.emplace_back(k.id, unavailable(std::string("no healthy ") + (no_decode ? "decode" : "prefill") +
+                                              " worker for " + seconds_string(waited) +
+                                              " (none answers its load poll, or all are draining); retry later"));
+    }
   }
   for (auto& [id, status] : failures) fail_queued_locked(id, std::move(status), actions);
 }
@@ -215,8 +240,16 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
   for (auto it = queue_.begin(); it != queue_.end();) {
     Entry& e = requests_.at(it->id);
     const PlacementRequest q{e.req.n_prompt_tokens, e.req.n_total_tokens};
-    std::optional<std::string> d = decode_policy_->pick(decode, q);
-    std::optional<std::string> p = d.has_value() ? prefill_policy_->pick(prefill, q) : std::nullopt;
+    // Workers to avoid are passed over while another fits.
+    auto pick = [&q](const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
+                     const std::vector<std::string>& avoid) {
+      if (!avoid.empty()) {
+        if (auto other = policy.pick(without(workers, avoid), q)) return other;
+      }
+      return policy.pick(workers, q);
+    };
+    std::optional<std::string> d = pick(*decode_policy_, decode, e.req.avoid_decode);
+    std::optional<std::string> p = d.has_value() ? pick(*prefill_policy_, prefill, e.req.avoid_prefill) : std::nullopt;
     bool placed = false;
     if (d.has_value() && p.has_value()) {
       const auto w =

@@ -4,7 +4,8 @@
 //   submit ── refused at once (a non-OK Status; no callback), or admitted and queued
 //   queued ── on_placed(Placement) once a decode worker can hold prompt + max_tokens: its blocks
 //             are reserved and its prompt tokens counted on the prefill worker (WorkerRegistry)
-//          └─ on_failed(DEADLINE_EXCEEDED | CANCELLED | UNAVAILABLE | INVALID_ARGUMENT) otherwise
+//          └─ on_failed(DEADLINE_EXCEEDED | CANCELLED | UNAVAILABLE | INVALID_ARGUMENT) otherwise;
+//             UNAVAILABLE also after no_worker_timeout with no healthy worker of a role
 //   placed ── decode_admitted(id) when D.Admit returned OK (the worker now holds the blocks),
 //             prefill_done(id) when the first token arrived (prompt no longer outstanding),
 //             finished(id) / cancel(id) when it ends for any reason: frees its admission slot and
@@ -27,7 +28,8 @@
 //
 // Queue invariant: the queue holds only requests submit() would accept now; poll() fails the
 // rest (deadline passed; all decode or prefill workers gone: UNAVAILABLE; no decode worker large
-// enough any more: INVALID_ARGUMENT).
+// enough any more: INVALID_ARGUMENT), and those that waited no_worker_timeout while a role had
+// no healthy worker (UNAVAILABLE).
 #pragma once
 
 #include <chrono>
@@ -59,6 +61,10 @@ struct SchedulerConfig {
   // How long after its arrival the head of the queue may be overtaken by requests behind it that
   // fit when it does not (see the head-of-line policy above). 0 = strict head-of-line. >= 0.
   std::chrono::nanoseconds max_head_bypass = std::chrono::seconds(2);
+  // A queued request fails UNAVAILABLE once it has waited this long while no decode worker, or
+  // no prefill worker, is healthy (addresses known but none answering): a client without a
+  // deadline must not hang through an outage. > 0.
+  std::chrono::nanoseconds no_worker_timeout = std::chrono::seconds(5);
 
   Status validate() const;
 };
@@ -72,6 +78,9 @@ struct PendingRequest {
   TimePoint arrival{};                // on the scheduler's Clock; FCFS order within a priority, and
                                       // the head's bypass allowance counts from here
   std::optional<TimePoint> deadline;  // still queued at this time → DEADLINE_EXCEEDED
+  // Workers this request should not be placed on (a failover's attempt avoids those that just
+  // failed it) while any other placeable worker of the role fits it.
+  std::vector<std::string> avoid_decode, avoid_prefill;
 };
 
 // Where a request goes. The frontend Admits it on decode_address, then Prefills on prefill_address.
@@ -128,6 +137,7 @@ class Scheduler {
   struct Entry {
     PendingRequest req;
     uint64_t seq = 0;  // submission order: the last FCFS tie-break
+    TimePoint queued_at{};  // when submit admitted it (no_worker_timeout counts from here)
     PlacedFn on_placed;
     FailedFn on_failed;
     bool placed = false;

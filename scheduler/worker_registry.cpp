@@ -1,5 +1,6 @@
 #include "scheduler/worker_registry.h"
 
+#include <algorithm>
 #include <set>
 
 namespace baton {
@@ -75,7 +76,11 @@ Status WorkerRegistry::report_load(WorkerRole role, const std::string& address, 
   w->load = load;
   w->requested_at = requested_at;
   w->last_report_at = clock_.now();
-  w->n_consecutive_failures = 0;
+  // A report asked for before the worker was seen down says nothing about it now.
+  if (!w->down_at.has_value() || requested_at > *w->down_at) {
+    w->n_consecutive_failures = 0;
+    w->down_at.reset();
+  }
   // Drop what this report includes: everything the worker held before the report was requested.
   // Strictly before: at equal times the order is unknown, and keeping the adjustment is safe.
   for (auto it = w->unreported.begin(); it != w->unreported.end();) {
@@ -92,6 +97,14 @@ Status WorkerRegistry::report_load(WorkerRole role, const std::string& address, 
 void WorkerRegistry::report_failure(WorkerRole role, const std::string& address) {
   std::lock_guard lock(mu_);
   if (Worker* w = find_locked(role, address)) ++w->n_consecutive_failures;
+}
+
+void WorkerRegistry::report_down(WorkerRole role, const std::string& address) {
+  std::lock_guard lock(mu_);
+  if (Worker* w = find_locked(role, address)) {
+    w->n_consecutive_failures = std::max(w->n_consecutive_failures, config_.unhealthy_after_failures);
+    w->down_at = clock_.now();
+  }
 }
 
 std::vector<WorkerSnapshot> WorkerRegistry::snapshot(WorkerRole role) const {

@@ -109,6 +109,10 @@ class WorkerRegistry {
   Status report_load(WorkerRole role, const std::string& address, const WorkerLoad& load, TimePoint requested_at);
   // A call to the worker failed (unreachable, timed out). Unknown addresses are ignored.
   void report_failure(WorkerRole role, const std::string& address);
+  // A call saw the worker's connection break (the process died, or the network between us):
+  // unhealthy at once, until a load report requested after this says otherwise. A request
+  // failing over must not be placed back onto it. Unknown addresses are ignored.
+  void report_down(WorkerRole role, const std::string& address);
 
   // All workers of `role` sorted by address.
   std::vector<WorkerSnapshot> snapshot(WorkerRole role) const;
@@ -138,6 +142,7 @@ class WorkerRegistry {
     TimePoint requested_at{};    // of the applied report; older reports are ignored
     TimePoint last_report_at{};  // when the applied report arrived
     int32_t n_consecutive_failures = 0;
+    std::optional<TimePoint> down_at;  // report_down: reports requested before this do not heal it
     std::unordered_map<std::string, Unreported> unreported;  // by request id
     int64_t n_unreported = 0;                                // sum of unreported[*].amount
   };

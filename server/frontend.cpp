@@ -4,9 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
-#include <random>
 #include <thread>
 
 namespace baton {
@@ -51,24 +49,18 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->registry_ = std::make_unique<WorkerRegistry>(config.registry, fe->clock_);
   fe->scheduler_ = std::make_unique<Scheduler>(config.scheduler, *fe->registry_, fe->clock_);
   Frontend* raw = fe.get();
-  fe->pool_ = std::make_unique<WorkerPool>(config.workers, *fe->registry_, [raw] {
-    raw->scheduler_->poll();
-    raw->update_gauges();
-  });
+  if (config.pipeline.max_failovers < 0) return invalid_argument("max_failovers must be >= 0");
+  fe->pool_ = std::make_unique<WorkerPool>(config.workers, *fe->registry_, [raw] { raw->on_poll(); });
+  fe->client_ = std::make_unique<GrpcWorkerClient>(*fe->pool_);
   fe->context_.model = &fe->model_;
-  fe->context_.scheduler = fe->scheduler_.get();
-  fe->context_.registry = fe->registry_.get();
-  fe->context_.pool = fe->pool_.get();
+  fe->context_.pipeline.scheduler = fe->scheduler_.get();
+  fe->context_.pipeline.registry = fe->registry_.get();
+  fe->context_.pipeline.client = fe->client_.get();
+  fe->context_.pipeline.clock = &fe->clock_;
+  fe->context_.pipeline.config = config.pipeline;
   fe->context_.metrics = metrics;
   fe->context_.name = config.name;
-  fe->context_.next_id = &fe->next_id_;
   fe->context_.live_calls = &fe->live_calls_;
-  {
-    std::random_device rd;
-    char buf[17];
-    std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
-    fe->context_.instance = buf;
-  }
   fe->context_.draining = &fe->draining_;
   if (metrics != nullptr) {
     // Create the request-level series at start-up (at zero), so that rate() over them counts the
@@ -78,6 +70,9 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
       metrics->histogram(*h, labels);
     }
     metrics->requests_total.Add({{"code", "OK"}});
+    for (const char* reason : {"prefill", "kv_handoff", "decode_admit", "decode"}) {
+      metrics->request_failovers_total.Add({{"reason", reason}});
+    }
     metrics->prompt_tokens_total.Add({});
     metrics->generation_tokens_total.Add({});
   }
@@ -92,12 +87,58 @@ void Frontend::start() {
 }
 
 void Frontend::stop() {
+  // Requests first, then the worker calls they leave behind (cancelled ones end quickly).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (live_calls_.load() > 0 && std::chrono::steady_clock::now() < until) {
+  auto busy = [this] { return live_calls_.load() > 0 || (client_ && client_->n_in_flight() > 0); };
+  while (busy() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (live_calls_.load() > 0) spdlog::warn("{} requests still hold the frontend at shutdown", live_calls_.load());
+  if (busy()) {
+    spdlog::warn("{} requests and {} worker calls still hold the frontend at shutdown", live_calls_.load(),
+                 client_ ? client_->n_in_flight() : 0);
+  }
   if (pool_) pool_->stop();
+}
+
+void Frontend::set_draining() {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  draining_ = true;
+  update_health_locked();
+}
+
+void Frontend::set_health_reporter(std::function<void(bool)> report) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  health_reporter_ = std::move(report);
+  serving_.reset();
+  update_health_locked();
+}
+
+void Frontend::on_poll() {
+  scheduler_->poll();
+  update_gauges();
+  std::lock_guard<std::mutex> lock(health_mu_);
+  update_health_locked();
+}
+
+void Frontend::update_health_locked() {
+  auto healthy = [this](WorkerRole role) {
+    for (const WorkerSnapshot& w : registry_->snapshot(role)) {
+      if (w.can_place()) return true;
+    }
+    return false;
+  };
+  const bool prefill = healthy(WorkerRole::kPrefill), decode = healthy(WorkerRole::kDecode);
+  const bool serving = !draining_ && prefill && decode;
+  if (serving_ == serving) return;
+  if (serving_.has_value() || !serving) {
+    if (serving) {
+      spdlog::info("frontend is serving: a healthy prefill and decode worker are back");
+    } else if (!draining_) {
+      spdlog::warn("frontend is NOT_SERVING: no healthy {} worker", !prefill ? "prefill" : "decode");
+    }
+  }
+  serving_ = serving;
+  if (health_reporter_) health_reporter_(serving);
 }
 
 void Frontend::update_gauges() {

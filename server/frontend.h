@@ -3,7 +3,10 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "baton/v1/generate.grpc.pb.h"
@@ -11,6 +14,7 @@
 #include "model/gguf.h"
 #include "scheduler/scheduler.h"
 #include "server/generate_call.h"
+#include "server/grpc_worker_client.h"
 #include "server/request_spec.h"
 #include "server/worker_pool.h"
 
@@ -23,6 +27,7 @@ struct FrontendConfig {
   int32_t max_priority = 0;   // highest priority a client may ask for (ServedModel::max_priority)
   WorkerPoolConfig workers;   // where the workers are
   SchedulerConfig scheduler;  // admission bounds
+  PipelineConfig pipeline;    // failover bound
   WorkerRegistryConfig registry;
 };
 
@@ -38,9 +43,12 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   // Waits (up to 10 s) for every request's pipeline to let go of the frontend, then stops polling.
   // Call after the gRPC server has shut down (no new requests).
   void stop();
-  // New requests get UNAVAILABLE; requests in flight continue.
-  void set_draining() { draining_ = true; }
-  int32_t n_in_flight() const { return scheduler_->n_admitted(); }
+  // New requests get UNAVAILABLE; requests in flight continue. Health turns NOT_SERVING.
+  void set_draining();
+  // Called with true/false whenever the frontend can / cannot serve (a healthy worker of each
+  // role, not draining), and once at once with the current state.
+  void set_health_reporter(std::function<void(bool)> report);
+  int64_t n_in_flight() const { return live_calls_.load(); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -49,7 +57,10 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
 
  private:
   explicit Frontend(Metrics* metrics) : metrics_(metrics) {}
+  // After every load poll: gauges, and health when it changed.
+  void on_poll();
   void update_gauges();
+  void update_health_locked();
 
   Metrics* metrics_;
   std::unique_ptr<GgufFile> file_;
@@ -59,10 +70,13 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkerPool> pool_;
-  std::atomic<uint64_t> next_id_{1};
+  std::unique_ptr<GrpcWorkerClient> client_;
   std::atomic<int64_t> live_calls_{0};
   std::atomic<bool> draining_{false};
   FrontendContext context_;
+  std::mutex health_mu_;
+  std::function<void(bool)> health_reporter_;  // guarded by health_mu_
+  std::optional<bool> serving_;                // last reported
 };
 
 }  // namespace baton

@@ -1,14 +1,12 @@
-// One Generate request through the disaggregated pipeline, on the frontend:
+// One Generate RPC on the frontend: the gRPC edge of a RequestPipeline (scheduler/
+// request_pipeline.h, which owns the request's path through the workers, failovers included).
+// This file parses and validates the request, turns the pipeline's tokens into text (stop
+// strings) and response messages, writes them one at a time, and turns client cancellation and
+// deadlines into pipeline.cancel().
 //
-//   validate → Scheduler::submit (admission; waits for a decode worker with room)
-//   → D.Admit (reserve KV blocks) → D.Stream (tokens 2..N, once the KV has arrived)
-//                                 → P.Prefill (first token at once, then the KV hand-off to D)
-//   → tokens stream to the client as they come; the last message carries usage and timing.
-//
-// Ownership: GenerateReactor (the server-side gRPC reactor) and the two client-side reactors
-// each hold a shared_ptr to the GenerateCall; every reactor deletes itself in OnDone and only
-// there. The call touches the server reactor only before it has called Finish on it, and the
-// client contexts only while their reactors have not reported OnDone (both under mu_).
+// Ownership: GenerateReactor (the server-side gRPC reactor) holds the GenerateCall, which holds
+// the pipeline; the pipeline holds the call as its sink until it has ended. The reactor deletes
+// itself in OnDone and only there; the call touches it only before it has called Finish on it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -21,25 +19,18 @@
 #include <string>
 
 #include "baton/v1/generate.pb.h"
-#include "baton/v1/worker.grpc.pb.h"
 #include "common/metrics.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/request_pipeline.h"
 #include "server/request_spec.h"
-#include "server/text_stream.h"
-#include "server/worker_pool.h"
 
 namespace baton {
 
 // What every call of one frontend shares.
 struct FrontendContext {
   const ServedModel* model = nullptr;
-  Scheduler* scheduler = nullptr;
-  WorkerRegistry* registry = nullptr;
-  WorkerPool* pool = nullptr;
+  PipelineDeps pipeline;       // scheduler, registry, worker client, clock, failover bound
   Metrics* metrics = nullptr;  // may be null
   std::string name;            // this frontend's listen address (metric label)
-  std::string instance;  // random per frontend process: makes request ids unique across frontends
-  std::atomic<uint64_t>* next_id = nullptr;
   std::atomic<int64_t>* live_calls = nullptr;  // GenerateCalls alive (stop() waits for zero)
   std::atomic<bool>* draining = nullptr;  // true: refuse new requests with UNAVAILABLE
 };

@@ -54,6 +54,8 @@ struct ServeArgs {
   std::string prefill_addresses, prefill_dns, decode_addresses, decode_dns;
   int max_requests = 256;
   int max_priority = 0;
+  int max_failovers = 2;
+  double no_worker_timeout = 5.0;  // seconds
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;
   // prefill
@@ -173,7 +175,8 @@ class RpcServer {
     return s;
   }
   int port() const { return port_; }
-  void set_not_serving() { server_->GetHealthCheckService()->SetServingStatus(false); }
+  void set_not_serving() { set_serving(false); }
+  void set_serving(bool serving) { server_->GetHealthCheckService()->SetServingStatus(serving); }
   void shutdown(std::chrono::seconds grace) { server_->Shutdown(std::chrono::system_clock::now() + grace); }
 
  private:
@@ -314,11 +317,16 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   fc.workers.decode_addresses = std::move(decode);
   fc.workers.decode_dns = a.decode_dns;
   fc.scheduler.max_requests = a.max_requests;
+  fc.scheduler.no_worker_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(a.no_worker_timeout));
+  fc.pipeline.max_failovers = a.max_failovers;
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
   BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get()}));
+  // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
+  r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
   return r;
 }
 
@@ -467,6 +475,15 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
                 "Frontend: highest request priority a client may ask for (lower is always allowed)")
       ->check(CLI::Range(-kPriorityBound, kPriorityBound))
       ->envname("BATON_MAX_PRIORITY");
+  c->add_option("--max-failovers", a.max_failovers,
+                "Frontend: times a request is re-prefilled on other workers after a worker fails it")
+      ->check(CLI::Range(0, 16))
+      ->envname("BATON_MAX_FAILOVERS");
+  c->add_option("--no-worker-timeout", a.no_worker_timeout,
+                "Frontend: seconds a queued request waits while no prefill or no decode worker is healthy, "
+                "then fails UNAVAILABLE")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->envname("BATON_NO_WORKER_TIMEOUT");
   c->add_option("--chat-template", a.chat_template, "chatml | llama3 (default: from the model)")
       ->envname("BATON_CHAT_TEMPLATE");
   c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")

@@ -86,6 +86,11 @@ std::shared_ptr<grpc::Channel> WorkerPool::channel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  // A worker back after an outage of any length is reconnected within about a second (gRPC's
+  // default backoff grows to 120 s: a restarted worker would sit unused for minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   channels_.emplace(address, ch);
   return ch;
@@ -133,6 +138,7 @@ void WorkerPool::poll_role(WorkerRole role) {
                                                   : decode_stub(address).GetLoad(&ctx, req, &rep);
     if (!s.ok()) {
       registry_.report_failure(role, address);
+      note_up(role, address, false, s.error_message());
       continue;
     }
     if (rep.model_fingerprint() != config_.model_fingerprint) {
@@ -151,6 +157,19 @@ void WorkerPool::poll_role(WorkerRole role) {
     if (Status st = registry_.report_load(role, address, load, sent); !st.ok()) {
       spdlog::warn("load report of {} worker {} not applied: {}", worker_role_name(role), address, st.message());
     }
+    note_up(role, address, true, "");
+  }
+}
+
+void WorkerPool::note_up(WorkerRole role, const std::string& address, bool up, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = up_[static_cast<int>(role)].try_emplace(address, up);
+  if (!inserted && it->second == up) return;
+  it->second = up;
+  if (up && !inserted) {
+    spdlog::info("{} worker {} answers again", worker_role_name(role), address);
+  } else if (!up) {
+    spdlog::warn("{} worker {} does not answer its load poll: {}", worker_role_name(role), address, why);
   }
 }
 

@@ -51,6 +51,8 @@ class WorkerPool {
   std::shared_ptr<grpc::Channel> channel(const std::string& address);
   void resolve();
   void poll_role(WorkerRole role);
+  // Logs a worker's up/down transitions once each (and a worker down from the start).
+  void note_up(WorkerRole role, const std::string& address, bool up, const std::string& why);
   void run();
 
   WorkerPoolConfig config_;
@@ -60,6 +62,7 @@ class WorkerPool {
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   std::map<std::string, std::unique_ptr<v1::PrefillWorker::Stub>> prefill_stubs_;
   std::map<std::string, std::unique_ptr<v1::DecodeWorker::Stub>> decode_stubs_;
+  std::map<std::string, bool> up_[2];  // by role: did its last load poll answer
   std::mutex run_mu_;
   std::condition_variable run_cv_;
   bool stopping_ = false;

@@ -113,7 +113,7 @@ def series_names(metrics):
 
 # Label names: baton's own (common/metrics.h: role, worker; destination; code), the histogram
 # bucket bound, and the target labels the scrape configs set.
-KNOWN_LABELS = {"role", "worker", "destination", "code", "le", "namespace", "pod", "component", "instance",
+KNOWN_LABELS = {"role", "worker", "destination", "code", "reason", "le", "namespace", "pod", "component", "instance",
                 "job", "deployment"}
 # Series from elsewhere the rules may read: the scrape's `up` and kube-state-metrics.
 EXTERNAL_SERIES = {"up", "kube_deployment_status_replicas_available"}

@@ -2,13 +2,11 @@
 generated from proto/ (grpcio-tools), the random test model `baton tools make-test-model` writes."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from serving_harness import REPO, Server
+from serving_harness import REPO, Server, compile_protos, make_test_model
 
 
 @pytest.fixture(scope="session")
@@ -22,36 +20,25 @@ def baton_bin():
 @pytest.fixture(scope="session")
 def pb(tmp_path_factory):
     """The generated Python modules for baton/v1 (generate_pb2, generate_pb2_grpc, ...)."""
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("pb")
-    protos = [str(p.relative_to(REPO / "proto")) for p in (REPO / "proto" / "baton" / "v1").glob("*.proto")]
-    import grpc_tools
-
-    include = str(Path(grpc_tools.__file__).parent / "_proto")
-    rc = protoc.main(["protoc", f"-I{REPO / 'proto'}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}"]
-                     + protos)
-    assert rc == 0, "protoc failed on proto/baton/v1"
-    sys.path.insert(0, str(out))
-    import baton.v1.generate_pb2 as gen
-    import baton.v1.generate_pb2_grpc as gen_grpc
-    import baton.v1.worker_pb2 as worker
-    import baton.v1.worker_pb2_grpc as worker_grpc
-
-    class Modules:
-        pass
-
-    m = Modules()
-    m.gen, m.gen_grpc, m.worker, m.worker_grpc = gen, gen_grpc, worker, worker_grpc
-    return m
+    return compile_protos(tmp_path_factory.mktemp("pb"))
 
 
 @pytest.fixture(scope="session")
 def test_model(baton_bin, tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "test.gguf"
-    subprocess.run([str(baton_bin), "tools", "make-test-model", "--out", str(path), "--seed", "7", "--layers", "2",
-                    "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--ctx", "1024"], check=True)
-    return path
+    return make_test_model(baton_bin, tmp_path_factory.mktemp("model") / "test.gguf", seed=7, layers=2, dim=64,
+                           heads=4, kv_heads=2, ffn=128, ctx=1024)
+
+
+def stop_all_clean(servers):
+    """Stops every server, the last started first (frontends before their workers), then fails
+    on the first that did not exit cleanly."""
+    problems = []
+    for s in reversed(servers):
+        try:
+            s.stop_clean()
+        except AssertionError as e:
+            problems.append(str(e))
+    assert not problems, "\n\n".join(problems)
 
 
 @pytest.fixture
@@ -64,8 +51,7 @@ def server_factory(baton_bin):
         return s
 
     yield make
-    for s in servers:
-        s.stop()
+    stop_all_clean(servers)
 
 
 @pytest.fixture(scope="module")
@@ -73,4 +59,4 @@ def shared_server(baton_bin, test_model):
     """One `baton local` on the test model for tests that do not change its flags."""
     s = Server(baton_bin, test_model)
     yield s
-    s.stop()
+    s.stop_clean()

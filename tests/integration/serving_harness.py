@@ -13,6 +13,41 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def compile_protos(out):
+    """Generates the Python modules of proto/baton/v1 into `out` (grpcio-tools) and returns them as
+    one object with .gen, .gen_grpc, .worker, .worker_grpc."""
+    import sys
+
+    import grpc_tools
+    from grpc_tools import protoc
+
+    protos = [str(p.relative_to(REPO / "proto")) for p in (REPO / "proto" / "baton" / "v1").glob("*.proto")]
+    include = str(Path(grpc_tools.__file__).parent / "_proto")
+    rc = protoc.main(["protoc", f"-I{REPO / 'proto'}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}"]
+                     + protos)
+    assert rc == 0, "protoc failed on proto/baton/v1"
+    sys.path.insert(0, str(out))
+    import baton.v1.generate_pb2 as gen
+    import baton.v1.generate_pb2_grpc as gen_grpc
+    import baton.v1.worker_pb2 as worker
+    import baton.v1.worker_pb2_grpc as worker_grpc
+
+    class Modules:
+        pass
+
+    m = Modules()
+    m.gen, m.gen_grpc, m.worker, m.worker_grpc = gen, gen_grpc, worker, worker_grpc
+    return m
+
+
+def make_test_model(baton_bin, path, seed, layers, dim, heads, kv_heads, ffn, ctx):
+    """Writes a random Llama GGUF with `baton tools make-test-model` and returns its path."""
+    subprocess.run([str(baton_bin), "tools", "make-test-model", "--out", str(path), "--seed", str(seed), "--layers",
+                    str(layers), "--dim", str(dim), "--heads", str(heads), "--kv-heads", str(kv_heads), "--ffn",
+                    str(ffn), "--ctx", str(ctx)], check=True)
+    return path
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -22,9 +57,9 @@ def free_port():
 class Server:
     """A running `baton local` (or `baton serve`) process."""
 
-    def __init__(self, baton_bin, model, *extra, subcommand=("local",)):
+    def __init__(self, baton_bin, model, *extra, subcommand=("local",), listen="127.0.0.1:0"):
         self.metrics_port = free_port()
-        args = [str(baton_bin), *subcommand, "--model", str(model), "--listen", "127.0.0.1:0",
+        args = [str(baton_bin), *subcommand, "--model", str(model), "--listen", listen,
                 "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--log-level", "warn", *extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace")
@@ -65,6 +100,97 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def stop_clean(self):
+        """Stops the process (SIGTERM) and asserts it went cleanly: exit status 0 and no sanitizer
+        report (under scripts/sanitize.sh a leak or a use-after-free in the shutdown path shows
+        only here). A process the test killed itself is exempt."""
+        killed_by_test = self.proc.poll() == -signal.SIGKILL
+        rc = self.stop()
+        if killed_by_test:
+            return
+        self._stderr_reader.join(timeout=10)
+        reports = [line for line in self.stderr_tail if "Sanitizer" in line or "runtime error:" in line]
+        assert rc == 0 and not reports, (f"{' '.join(self.proc.args[1:4])} exited {rc}:\n" +
+                                         "\n".join(list(self.stderr_tail)[-40:]))
+
+
+class Stream:
+    """One Generate call read on its own thread: token ids with their arrival times, the final message."""
+
+    def __init__(self, pb, address, prompt_ids, max_tokens, timeout=300):
+        self.ids, self.times, self.final, self.error = [], [], None, None
+        self.started = time.monotonic()
+        self._args = (pb, address, prompt_ids, max_tokens, timeout)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        import grpc
+
+        pb, address, prompt_ids, max_tokens, timeout = self._args
+        req = pb.gen.GenerateRequest(prompt_token_ids=prompt_ids, max_tokens=max_tokens, ignore_eos=True)
+        try:
+            with grpc.insecure_channel(address) as ch:
+                for m in pb.gen_grpc.GenerationStub(ch).Generate(req, timeout=timeout):
+                    now = time.monotonic()
+                    for t in m.token_ids:
+                        self.ids.append(t)
+                        self.times.append(now)
+                    if m.HasField("final"):
+                        self.final = m.final
+        except grpc.RpcError as e:
+            self.error = e
+
+    def join(self):
+        self.thread.join(timeout=600)
+        assert not self.thread.is_alive()
+
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+SERVING, NOT_SERVING = 1, 2
+
+
+def _identity(b):
+    return b
+
+
+def _varint(b, i):
+    shift = value = 0
+    while True:
+        byte = b[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def health_status(raw):
+    """The `status` (field 1, varint) of a serialized grpc.health.v1.HealthCheckResponse.
+
+    grpcio-health-checking is not a dependency, so its two messages are written by hand:
+    HealthCheckRequest {string service = 1} is sent empty (the whole server), HealthCheckResponse
+    is {ServingStatus status = 1} with SERVING = 1, NOT_SERVING = 2."""
+    i, status = 0, 0  # absent: UNKNOWN (0)
+    while i < len(raw):
+        key, i = _varint(raw, i)
+        assert key & 7 == 0, f"unexpected wire type in HealthCheckResponse {raw!r}"
+        value, i = _varint(raw, i)
+        if key >> 3 == 1:
+            status = value
+    return status
+
+
+def health_check(address, timeout=5):
+    """The server's grpc.health.v1 status (SERVING / NOT_SERVING)."""
+    import grpc
+
+    with grpc.insecure_channel(address) as ch:
+        raw = ch.unary_unary(HEALTH_CHECK, request_serializer=_identity, response_deserializer=_identity)(
+            b"", timeout=timeout)
+    return health_status(raw)
 
 
 def metric_values(text, name):

@@ -2,10 +2,8 @@
 while all 8 still stream, all 8 finish, new requests are refused with UNAVAILABLE during the drain,
 and the process exits 0.
 
-The health service is grpc.health.v1 (the frontend turns it NOT_SERVING in its drain). The Python
-grpcio-health-checking package is not a dependency, so its two messages are written by hand:
-HealthCheckRequest {string service = 1} is sent empty (the whole server), HealthCheckResponse is
-{ServingStatus status = 1} with SERVING = 1, NOT_SERVING = 2.
+The health service is grpc.health.v1 (the frontend turns it NOT_SERVING in its drain; its messages
+are written by hand in serving_harness.health_status).
 
 What a call that arrives during the drain sees: the frontend keeps its listener open while the
 requests in flight finish, so the call reaches it and is refused with UNAVAILABLE "this frontend is
@@ -22,39 +20,7 @@ import time
 import grpc
 import pytest
 
-from serving_harness import Server
-
-HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-SERVING, NOT_SERVING = 1, 2
-
-
-def _identity(b):
-    return b
-
-
-def health_status(raw):
-    """The `status` (field 1, varint) of a serialized grpc.health.v1.HealthCheckResponse."""
-    i, status = 0, 0  # absent: UNKNOWN (0)
-    while i < len(raw):
-        key, i = _varint(raw, i)
-        assert key & 7 == 0, f"unexpected wire type in HealthCheckResponse {raw!r}"
-        value, i = _varint(raw, i)
-        if key >> 3 == 1:
-            status = value
-    return status
-
-
-def _varint(b, i):
-    shift = value = 0
-    while True:
-        byte = b[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
+from serving_harness import HEALTH_CHECK, HEALTH_WATCH, NOT_SERVING, SERVING, Server, _identity, health_status
 
 class HealthWatch:
     """grpc.health.v1 Watch on the whole server, recording (time, status) as updates arrive."""
@@ -180,4 +146,4 @@ def test_calls_during_the_drain_are_refused_with_the_reason(pb, baton_bin, test_
             assert code == grpc.StatusCode.UNAVAILABLE, (code, details)
             assert "shutting down" in details, details
     finally:
-        srv.stop()
+        srv.stop_clean()

@@ -20,7 +20,7 @@ def real_server(baton_bin):
                                text=True).stdout.strip().splitlines()[-1]
     s = Server(baton_bin, Path(model))
     yield s
-    s.stop()
+    s.stop_clean()
 
 
 def test_chat_streams_a_sensible_answer(pb, real_server):

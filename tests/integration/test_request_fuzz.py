@@ -438,7 +438,7 @@ def _finding(code, details, elapsed, msgs, cancel, pb):
 def fuzz_server(baton_bin, test_model):
     s = Server(baton_bin, test_model)
     yield s
-    s.stop()
+    s.stop_clean()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ TEST_CASE("random submit/report/finish/cancel sequences keep every invariant", "
   cfg.max_requests = 24;
   cfg.max_queued_prompt_tokens = 1500;
   cfg.max_head_bypass = std::chrono::milliseconds(500 * (rng() % 3));
+  // Half the runs give up on a queued request after 2 s without a healthy worker of a role.
+  cfg.no_worker_timeout = rng() % 2 ? std::chrono::nanoseconds(2s) : std::chrono::nanoseconds(1h);
   WorkerRegistryConfig rcfg;
   rcfg.unhealthy_after_failures = 2;
   rcfg.stale_after = 3s;
@@ -64,7 +66,7 @@ TEST_CASE("random submit/report/finish/cancel sequences keep every invariant", "
     TimePoint requested_at;
   };
   std::vector<InFlightReport> in_flight;
-  int n_placed = 0, n_deadline = 0, n_cancelled = 0, n_refused = 0;
+  int n_placed = 0, n_deadline = 0, n_cancelled = 0, n_refused = 0, n_no_worker = 0;
 
   auto live_blocks_on = [&](const std::string& address) {
     int64_t n = 0;
@@ -99,6 +101,9 @@ TEST_CASE("random submit/report/finish/cancel sequences keep every invariant", "
     } else if (s.code() == StatusCode::kCancelled) {
       CHECK(r.cancel_requested);
       ++n_cancelled;
+    } else if (s.code() == StatusCode::kUnavailable && s.message().find("no healthy") != std::string::npos) {
+      CHECK(h.clock.now() - r.req.arrival >= cfg.no_worker_timeout);  // queued since arrival
+      ++n_no_worker;
     } else {
       FAIL("unexpected failure " << s.to_string());
     }
@@ -252,7 +257,7 @@ TEST_CASE("random submit/report/finish/cancel sequences keep every invariant", "
   CHECK(h.sched.queued_prompt_tokens() == 0);
   for (const auto& [a, d] : decode) CHECK(h.worker(kDecode, a).reserved_blocks == 0);
   for (const auto& [a, p] : prefill) CHECK(h.worker(kPrefill, a).unreported_prompt_tokens == 0);
-  std::printf("  %zu admitted: %d placed, %d deadline, %d cancelled in queue; %d refused\n", reqs.size(), n_placed,
-              n_deadline, n_cancelled, n_refused);
+  std::printf("  %zu admitted: %d placed, %d deadline, %d cancelled, %d without a healthy worker in queue; %d refused\n",
+              reqs.size(), n_placed, n_deadline, n_cancelled, n_no_worker, n_refused);
   CHECK(n_placed > 0);
 }

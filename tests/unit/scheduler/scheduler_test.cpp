@@ -178,10 +178,74 @@ TEST_CASE("a queued request whose deadline passes fails with DEADLINE_EXCEEDED",
   CHECK(h.is_placed("long"));
   // A placed request's deadline is the frontend's business (it cancels the workers' calls).
   h.clock.advance(1h);
+  h.prefill_worker("p:1");  // the workers stay healthy (and full)
+  h.decode_worker("d:1", 0);
   h.sched.poll();
   CHECK(h.failure("long") == StatusCode::kOk);
   CHECK(h.failure("none") == StatusCode::kOk);  // no deadline: it waits
   CHECK(h.sched.n_queued() == 1);
+}
+
+TEST_CASE("a queued request fails UNAVAILABLE after no_worker_timeout without a healthy worker of a role",
+          "[scheduler]") {
+  SchedulerConfig cfg;
+  cfg.no_worker_timeout = 5s;
+  Harness h(cfg);
+  h.prefill_worker("p:1");
+  h.decode_worker("d:1", 0);  // healthy but full: requests wait, however long
+  REQUIRE(h.submit("full", 10, 4).ok());
+  h.clock.advance(4s);
+  h.prefill_worker("p:1");
+  h.decode_worker("d:1", 0);
+  h.registry.report_down(kDecode, "d:1");  // then the decode worker's connection breaks
+  REQUIRE(h.submit("later", 10, 4).ok());
+  h.clock.advance(1s);
+  h.prefill_worker("p:1");
+  h.sched.poll();
+  // 5 s queued, and no healthy decode worker: fails. `later` has waited 1 s only.
+  CHECK(h.failure("full") == StatusCode::kUnavailable);
+  CHECK(contains(h.failed["full"].message(), "no healthy decode worker"));
+  CHECK(h.failure("later") == StatusCode::kOk);
+  // A report asked for before the worker was seen down does not heal it; a later one does.
+  WorkerLoad l;
+  l.free_blocks = 10;
+  l.total_blocks = 100;
+  l.block_size = kBlockSize;
+  REQUIRE(h.registry.report_load(kDecode, "d:1", l, h.clock.now() - 2s).ok());
+  CHECK_FALSE(h.worker(kDecode, "d:1").healthy);
+  h.decode_worker("d:1", 10);
+  CHECK(h.worker(kDecode, "d:1").healthy);
+  h.sched.poll();
+  CHECK(h.is_placed("later"));
+}
+
+TEST_CASE("a request avoids the workers it names while another fits, and takes them when none does",
+          "[scheduler]") {
+  Harness h;
+  h.prefill_worker("p:1");
+  h.prefill_worker("p:2", 1000);  // busier: the policy's own choice is p:1
+  h.decode_worker("d:1", 50);
+  h.decode_worker("d:2", 10);  // fewer free blocks: the policy's own choice is d:1
+  auto submit_avoiding = [&](const std::string& id, int64_t n_blocks, std::vector<std::string> avoid_d,
+                             std::vector<std::string> avoid_p) {
+    PendingRequest r;
+    r.id = id;
+    r.n_prompt_tokens = 10;
+    r.n_total_tokens = n_blocks * kBlockSize;
+    r.arrival = h.clock.now();
+    r.avoid_decode = std::move(avoid_d);
+    r.avoid_prefill = std::move(avoid_p);
+    return h.sched.submit(std::move(r), [&h, id](const Placement& p) { h.placed[id] = p; },
+                          [&h, id](const Status& s) { h.failed[id] = s; });
+  };
+  REQUIRE(submit_avoiding("moved", 4, {"d:1"}, {"p:1"}).ok());
+  REQUIRE(h.is_placed("moved"));
+  CHECK(h.placed["moved"].decode_address == "d:2");
+  CHECK(h.placed["moved"].prefill_address == "p:2");
+  // d:2 has 6 blocks left: a request of 20 fits only on the worker it avoids.
+  REQUIRE(submit_avoiding("big", 20, {"d:1"}, {}).ok());
+  REQUIRE(h.is_placed("big"));
+  CHECK(h.placed["big"].decode_address == "d:1");
 }
 
 TEST_CASE("cancel removes a queued request with CANCELLED and frees what a placed one holds", "[scheduler]") {

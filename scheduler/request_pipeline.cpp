@@ -1,0 +1,440 @@
+#include "scheduler/request_pipeline.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+namespace baton {
+namespace {
+
+// Errors that say the worker (or the path to it) failed, not that the request is wrong: the
+// attempt fails over. Refusals (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, …),
+// deadlines and cancellations end the request instead.
+bool is_worker_fault(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kInternal:
+    case StatusCode::kDataLoss:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The decode stream: also a reservation the worker no longer knows (it restarted since Admit).
+bool is_stream_fault(const Status& s) { return is_worker_fault(s) || s.code() == StatusCode::kNotFound; }
+
+// The KV hand-off, after the first token: whatever broke it, another pair can redo it; only the
+// request's own deadline or cancellation end it.
+bool is_handoff_fault(const Status& s) {
+  return s.code() != StatusCode::kDeadlineExceeded && s.code() != StatusCode::kCancelled;
+}
+
+void add_unique(std::vector<std::string>& v, const std::string& s) {
+  if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += "; ";
+    out += "attempt " + std::to_string(i + 1) + ": " + parts[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* pipeline_state_name(PipelineState state) {
+  switch (state) {
+    case PipelineState::kNew: return "new";
+    case PipelineState::kQueued: return "queued";
+    case PipelineState::kAdmitting: return "admitting";
+    case PipelineState::kPrefilling: return "prefilling";
+    case PipelineState::kDecoding: return "decoding";
+    case PipelineState::kEnded: return "ended";
+  }
+  return "?";
+}
+
+std::string random_request_id() {
+  std::random_device rd;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
+
+// The pipeline's mutex, and the scheduler calls (which may call back into this or another
+// pipeline) to make once it is released.
+class RequestPipeline::Guard {
+ public:
+  explicit Guard(RequestPipeline& p) : lock_(p.mu_) {}
+  ~Guard() {
+    lock_.unlock();
+    for (auto& a : after_) a();
+  }
+  void after(std::function<void()> fn) { after_.push_back(std::move(fn)); }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  std::vector<std::function<void()>> after_;
+};
+
+std::shared_ptr<RequestPipeline> RequestPipeline::create(const PipelineDeps& deps, PipelineRequest request,
+                                                         std::shared_ptr<ResponseSink> sink) {
+  BATON_CHECK(deps.scheduler && deps.registry && deps.client && deps.clock && sink, "RequestPipeline without its parts");
+  BATON_CHECK(!request.prompt_ids.empty() && request.max_tokens >= 1, "RequestPipeline given an unvalidated request");
+  return std::shared_ptr<RequestPipeline>(new RequestPipeline(deps, std::move(request), std::move(sink)));
+}
+
+RequestPipeline::RequestPipeline(const PipelineDeps& deps, PipelineRequest request, std::shared_ptr<ResponseSink> sink)
+    : deps_(deps), req_(std::move(request)), sink_(std::move(sink)) {}
+
+PipelineState RequestPipeline::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::string RequestPipeline::attempt_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return attempt_.id;
+}
+
+void RequestPipeline::report_fault(WorkerRole role, const std::string& address, const Status& status) {
+  // A broken connection takes the worker out of placement at once; other errors count towards
+  // the registry's unhealthy threshold.
+  if (status.code() == StatusCode::kUnavailable) {
+    deps_.registry->report_down(role, address);
+  } else {
+    deps_.registry->report_failure(role, address);
+  }
+}
+
+double RequestPipeline::since_arrival(TimePoint t) const {
+  return std::chrono::duration<double>(t - req_.arrival).count();
+}
+
+void RequestPipeline::start() {
+  Guard g(*this);
+  if (state_ != PipelineState::kNew) return;
+  submit_attempt_locked(g);
+}
+
+void RequestPipeline::cancel(const Status& why) {
+  Guard g(*this);
+  if (state_ == PipelineState::kEnded) return;
+  end_locked(g, why);
+}
+
+void RequestPipeline::submit_attempt_locked(Guard& g) {
+  const int32_t number = attempt_.number + 1;
+  attempt_ = Attempt{};
+  attempt_.number = number;
+  attempt_.id = random_request_id();
+  attempt_.handed_to_scheduler = true;
+  state_ = PipelineState::kQueued;
+  PendingRequest pending;
+  pending.id = attempt_.id;
+  pending.n_prompt_tokens = static_cast<int64_t>(req_.prompt_ids.size() + emitted_.size());
+  pending.n_total_tokens = static_cast<int64_t>(req_.prompt_ids.size()) + req_.max_tokens;
+  pending.priority = req_.priority;
+  pending.arrival = req_.arrival;  // a failover keeps its place in the order
+  pending.deadline = req_.deadline;
+  pending.avoid_decode = avoid_decode_;
+  pending.avoid_prefill = avoid_prefill_;
+  std::weak_ptr<RequestPipeline> weak = weak_from_this();
+  g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
+    const Status s = scheduler->submit(
+        std::move(pending),
+        [weak, number](const Placement& p) {
+          if (auto self = weak.lock()) self->on_placed(number, p);
+        },
+        [weak, number](const Status& st) {
+          if (auto self = weak.lock()) self->on_queue_failed(number, st);
+        });
+    if (auto self = weak.lock()) self->on_submitted(number, id, s);
+  });
+}
+
+void RequestPipeline::on_submitted(int32_t attempt, const std::string& id, const Status& status) {
+  Guard g(*this);
+  if (!current(attempt)) {
+    // Abandoned while being handed over: the finished() sent then may have run before submit
+    // took the id. Say it again (finished is idempotent; ids are never reused).
+    if (status.ok()) g.after([s = deps_.scheduler, id] { s->finished(id); });
+    return;
+  }
+  if (status.ok()) return;
+  attempt_.handed_to_scheduler = false;  // refused: the scheduler holds nothing of it
+  end_locked(g, history_.empty() ? status
+                                 : Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")"));
+}
+
+void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
+  Guard g(*this);
+  if (!current(attempt)) {
+    // Placed after the attempt was abandoned: give the placement back.
+    g.after([s = deps_.scheduler, id = placement.request_id] { s->finished(id); });
+    return;
+  }
+  attempt_.placed = true;
+  attempt_.placement = placement;
+  state_ = PipelineState::kAdmitting;
+  AdmitCall call;
+  call.request_id = attempt_.id;
+  call.n_prompt_tokens = static_cast<int32_t>(req_.prompt_ids.size() + emitted_.size());
+  call.max_tokens = req_.max_tokens - static_cast<int32_t>(emitted_.size());
+  call.sampling = req_.sampling;
+  call.ignore_eos = req_.ignore_eos;
+  call.model_fingerprint = req_.model_fingerprint;
+  std::weak_ptr<RequestPipeline> weak = weak_from_this();
+  deps_.client->admit(placement.decode_address, call, req_.call_deadline,
+                      [weak, attempt, client = deps_.client, addr = placement.decode_address,
+                       id = attempt_.id](const Status& s) {
+                        // Admitted for an attempt that is gone: the reservation is nobody's.
+                        const auto self = weak.lock();
+                        const bool taken = self && self->on_admitted(attempt, s);
+                        if (!taken && s.ok()) client->release(addr, id);
+                      });
+}
+
+void RequestPipeline::on_queue_failed(int32_t attempt, const Status& status) {
+  Guard g(*this);
+  if (!current(attempt)) return;
+  attempt_.handed_to_scheduler = false;  // the scheduler forgot it
+  end_locked(g, history_.empty() ? status
+                                 : Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")"));
+}
+
+bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
+  Guard g(*this);
+  if (!current(attempt)) return false;
+  const std::string& addr = attempt_.placement.decode_address;
+  if (!status.ok()) {
+    if (is_worker_fault(status)) {
+      report_fault(WorkerRole::kDecode, addr, status);
+      attempt_.admitted = true;  // it may have admitted before the error reached us: release
+      failover_locked(g, "decode_admit", Status(status.code(), "decode worker " + addr + ": " + status.message()));
+      return true;
+    }
+    end_locked(g, Status(status.code(), "decode worker " + addr + " refused the request: " + status.message()));
+    return true;
+  }
+  attempt_.admitted = true;
+  g.after([s = deps_.scheduler, id = attempt_.id] { s->decode_admitted(id); });
+  state_ = PipelineState::kPrefilling;
+  open_worker_calls_locked();
+  return true;
+}
+
+void RequestPipeline::open_worker_calls_locked() {
+  const int32_t attempt = attempt_.number;
+  std::weak_ptr<RequestPipeline> weak = weak_from_this();
+  attempt_.decode = deps_.client->stream(
+      attempt_.placement.decode_address, attempt_.id, req_.call_deadline,
+      [weak, attempt](const DecodeUpdate& u) {
+        if (auto self = weak.lock()) self->on_decode_update(attempt, u);
+      },
+      [weak, attempt](const Status& s) {
+        if (auto self = weak.lock()) self->on_decode_done(attempt, s);
+      });
+  PrefillCall call;
+  call.request_id = attempt_.id;
+  call.prompt_ids = req_.prompt_ids;
+  call.generated_ids = emitted_;
+  call.sampling = req_.sampling;
+  call.decode_address = attempt_.placement.decode_address;
+  attempt_.prefill = deps_.client->prefill(
+      attempt_.placement.prefill_address, call, req_.call_deadline,
+      [weak, attempt](const PrefillUpdate& u) {
+        if (auto self = weak.lock()) self->on_prefill_update(attempt, u);
+      },
+      [weak, attempt](const Status& s) {
+        if (auto self = weak.lock()) self->on_prefill_done(attempt, s);
+      });
+  if (attempt == 0) prefill_sent_ = deps_.clock->now();
+}
+
+void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u) {
+  Guard g(*this);
+  if (!current(attempt)) return;
+  if (u.kind == PrefillUpdate::Kind::kKvSent) {
+    kv_transfer_s_ = u.transfer_seconds;
+    return;
+  }
+  if (attempt_.first_token) return;  // a worker that sends two: the first stands
+  attempt_.first_token = true;
+  g.after([s = deps_.scheduler, id = attempt_.id] { s->prefill_done(id); });
+  state_ = PipelineState::kDecoding;
+  if (!have_first_token_) {
+    have_first_token_ = true;
+    first_token_at_ = deps_.clock->now();
+    queue_s_ = std::chrono::duration<double>(prefill_sent_ - req_.arrival).count() + u.queue_seconds;
+    prefill_s_ = u.prefill_seconds;
+  }
+  const int32_t first = u.token_id;
+  emit_locked(g, std::span(&first, 1));
+  if (state_ == PipelineState::kEnded) return;
+  std::vector<int32_t> early;
+  early.swap(attempt_.early);
+  emit_locked(g, early);
+  maybe_complete_locked(g);
+}
+
+void RequestPipeline::on_prefill_done(int32_t attempt, const Status& status) {
+  Guard g(*this);
+  if (!current(attempt)) return;
+  attempt_.prefill = nullptr;
+  const std::string& addr = attempt_.placement.prefill_address;
+  if (status.ok()) {
+    if (!attempt_.first_token) {
+      failover_locked(g, "prefill", internal_error("prefill worker " + addr + " ended without a first token"));
+    }
+    return;
+  }
+  if (attempt_.first_token ? !is_handoff_fault(status) : !is_worker_fault(status)) {
+    end_locked(g, Status(status.code(), "prefill on " + addr + " failed: " + status.message()));
+    return;
+  }
+  if (!attempt_.first_token) {
+    report_fault(WorkerRole::kPrefill, addr, status);
+    failover_locked(g, "prefill", Status(status.code(), "prefill worker " + addr + ": " + status.message()));
+  } else {
+    // The KV hand-off failed: either end may be at fault (a dead decode worker also breaks
+    // the decode stream; whichever arrives first fails the attempt over).
+    failover_locked(g, "kv_handoff",
+                    Status(status.code(), "KV hand-off " + addr + " → " + attempt_.placement.decode_address + ": " +
+                                              status.message()));
+  }
+}
+
+void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
+  Guard g(*this);
+  if (!current(attempt)) return;
+  if (u.decode_queue_seconds > 0) decode_queue_s_ = u.decode_queue_seconds;
+  if (u.kv_transfer_seconds > 0) kv_transfer_s_ = u.kv_transfer_seconds;
+  if (!attempt_.first_token) {
+    attempt_.early.insert(attempt_.early.end(), u.token_ids.begin(), u.token_ids.end());
+  } else {
+    emit_locked(g, u.token_ids);
+    if (state_ == PipelineState::kEnded) return;
+  }
+  if (u.done) {
+    attempt_.decode_done = true;
+    if (finish_reason_.empty()) finish_reason_ = u.length ? "length" : "stop";
+    maybe_complete_locked(g);
+  }
+}
+
+void RequestPipeline::on_decode_done(int32_t attempt, const Status& status) {
+  Guard g(*this);
+  if (!current(attempt)) return;
+  attempt_.decode = nullptr;
+  const std::string& addr = attempt_.placement.decode_address;
+  if (status.ok()) {
+    if (!attempt_.decode_done) {
+      failover_locked(g, "decode", internal_error("decode worker " + addr + " ended the stream without a final event"));
+    }
+    return;
+  }
+  if (!is_stream_fault(status)) {
+    end_locked(g, Status(status.code(), "decode on " + addr + ": " + status.message()));
+    return;
+  }
+  report_fault(WorkerRole::kDecode, addr, status);
+  failover_locked(g, "decode", Status(status.code(), "decode worker " + addr + ": " + status.message()));
+}
+
+void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids) {
+  if (state_ == PipelineState::kEnded || ids.empty()) return;
+  // Never more than max_tokens, and nothing after an end-of-sequence token, whatever a worker sends.
+  size_t n_offer = std::min(static_cast<size_t>(req_.max_tokens) - emitted_.size(), ids.size());
+  bool eos = false;
+  if (!req_.ignore_eos) {
+    for (size_t i = 0; i < n_offer; ++i) {
+      if (std::find(req_.stop_ids.begin(), req_.stop_ids.end(), ids[i]) != req_.stop_ids.end()) {
+        n_offer = i + 1;
+        eos = true;
+        break;
+      }
+    }
+  }
+  const std::span<const int32_t> offered = ids.subspan(0, n_offer);
+  const ResponseSink::Accepted a = sink_->on_tokens(offered);
+  const size_t n = std::min(a.n, offered.size());
+  emitted_.insert(emitted_.end(), offered.begin(), offered.begin() + static_cast<std::ptrdiff_t>(n));
+  if (a.stop || (eos && n == offered.size())) {
+    finish_reason_ = "stop";
+    end_locked(g, Status());
+  } else if (emitted_.size() >= static_cast<size_t>(req_.max_tokens)) {
+    if (finish_reason_.empty()) finish_reason_ = "length";
+    end_locked(g, Status());
+  }
+}
+
+void RequestPipeline::maybe_complete_locked(Guard& g) {
+  if (state_ == PipelineState::kEnded || !attempt_.first_token || !attempt_.decode_done) return;
+  end_locked(g, Status());
+}
+
+void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const Status& cause) {
+  const std::string where = attempt_.placement.prefill_address + " / " + attempt_.placement.decode_address;
+  history_.push_back(reason + " (" + where + "): " + cause.to_string());
+  if (static_cast<int32_t>(history_.size()) > deps_.config.max_failovers) {
+    end_locked(g, unavailable("no worker could finish the request after " + std::to_string(history_.size()) +
+                              " attempts (--max-failovers " + std::to_string(deps_.config.max_failovers) +
+                              "): " + join(history_)));
+    return;
+  }
+  if (reason == "decode" || reason == "decode_admit" || reason == "kv_handoff") {
+    add_unique(avoid_decode_, attempt_.placement.decode_address);
+  }
+  if (reason == "prefill" || reason == "kv_handoff") add_unique(avoid_prefill_, attempt_.placement.prefill_address);
+  spdlog::warn("req={} attempt {} failed ({}): {}; failing over, re-prefilling {} prompt + {} generated tokens",
+               req_.label.empty() ? attempt_.id : req_.label, attempt_.number + 1, reason, cause.to_string(),
+               req_.prompt_ids.size(), emitted_.size());
+  sink_->on_failover(reason, cause);
+  abandon_attempt_locked(g);
+  submit_attempt_locked(g);
+}
+
+void RequestPipeline::abandon_attempt_locked(Guard& g) {
+  Attempt& a = attempt_;
+  if (a.prefill != nullptr) a.prefill->cancel();
+  if (a.decode != nullptr) a.decode->cancel();
+  a.prefill = nullptr;
+  a.decode = nullptr;
+  // The decode worker frees the blocks itself when the sequence ends normally; otherwise
+  // release the reservation (harmless when a cancelled stream already freed it).
+  if (a.admitted && !a.decode_done) deps_.client->release(a.placement.decode_address, a.id);
+  if (a.handed_to_scheduler) g.after([s = deps_.scheduler, id = a.id] { s->finished(id); });
+  a.handed_to_scheduler = false;
+}
+
+void RequestPipeline::end_locked(Guard& g, const Status& status) {
+  if (state_ == PipelineState::kEnded) return;
+  abandon_attempt_locked(g);
+  state_ = PipelineState::kEnded;
+  const TimePoint now = deps_.clock->now();
+  PipelineOutcome o;
+  o.finish_reason = status.ok() ? (finish_reason_.empty() ? "stop" : finish_reason_) : "";
+  o.n_prompt_tokens = static_cast<int32_t>(req_.prompt_ids.size());
+  o.n_generated = static_cast<int32_t>(emitted_.size());
+  o.queue_seconds = queue_s_;
+  o.prefill_seconds = prefill_s_;
+  o.kv_transfer_seconds = kv_transfer_s_;
+  o.decode_queue_seconds = decode_queue_s_;
+  o.ttft_seconds = have_first_token_ ? since_arrival(first_token_at_) : 0;
+  o.e2e_seconds = since_arrival(now);
+  o.failovers = static_cast<int32_t>(history_.size());
+  o.failover_history = history_;
+  o.prefill_address = attempt_.placement.prefill_address;
+  o.decode_address = attempt_.placement.decode_address;
+  std::shared_ptr<ResponseSink> sink = std::move(sink_);
+  sink->on_end(status, o);
+}
+
+}  // namespace baton

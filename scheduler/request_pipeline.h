@@ -1,0 +1,183 @@
+// One request on the frontend, from admission to its last token, as an explicit state machine:
+//
+//   kNew ─start→ kQueued ─placed→ kAdmitting ─D.Admit ok→ kPrefilling ─first token→ kDecoding ─done→ kEnded
+//                  ↑                  │                      │                      │
+//                  └──── failover ────┴──────────────────────┴──────────────────────┘
+//
+// Each pass through kQueued is an *attempt*, with its own worker-facing request id (128 random
+// bits: unguessable, never shown to clients) and its own placement. When a worker fails the
+// attempt (a transport error, a stream that breaks, a worker's internal error), the pipeline
+// abandons it — cancels its calls, releases its decode reservation, gives its placement back to
+// the scheduler — and starts the next attempt, avoiding the failed workers: the prompt plus every
+// token already streamed is prefilled again and decoding continues from there. Draws are keyed by
+// position (model/sampler.h), so greedy and seeded output is the same as without the failure; the
+// client sees one stream with no token twice and none missing. After max_failovers the request
+// ends UNAVAILABLE with the history of what failed.
+//
+// Other endings: a stop string (the sink says so), an end-of-sequence token, the decode worker's
+// last event, max_tokens reached, cancel() (client gone, deadline), a worker's refusal (INVALID_ARGUMENT,
+// RESOURCE_EXHAUSTED, …: not a fault, no failover), the scheduler failing the queued attempt.
+//
+// Threading: events arrive on worker-client threads and the scheduler's; one mutex orders them.
+// The sink is called with that mutex held (so it sees one ordered stream) and must not call back
+// into the pipeline from inside a callback. Scheduler calls are made after the mutex is released
+// (its callbacks take the mutex). Events of an abandoned attempt are recognised and dropped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/sampler.h"
+#include "scheduler/clock.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/worker_client.h"
+
+namespace baton {
+
+enum class PipelineState { kNew, kQueued, kAdmitting, kPrefilling, kDecoding, kEnded };
+const char* pipeline_state_name(PipelineState state);
+
+// A validated request (the public surfaces validate and tokenise; the pipeline trusts this).
+struct PipelineRequest {
+  std::string label;  // for logs: the client's request id, or empty
+  std::vector<int32_t> prompt_ids;  // non-empty
+  int32_t max_tokens = 1;           // >= 1
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  // End-of-sequence ids: unless ignore_eos, the request is complete once one is streamed (the
+  // decode worker stops there too; the pipeline must know it for a worker that died right after).
+  std::vector<int32_t> stop_ids;
+  int32_t priority = 0;
+  std::string model_fingerprint;
+  TimePoint arrival{};                       // on the scheduler's clock
+  std::optional<TimePoint> deadline;         // on the scheduler's clock
+  CallDeadline call_deadline = CallDeadline::max();  // the same instant, for worker calls
+};
+
+struct PipelineConfig {
+  int32_t max_failovers = 2;  // attempts after the first; >= 0
+};
+
+// What the final message reports.
+struct PipelineOutcome {
+  std::string finish_reason;  // "stop" | "length" (when OK)
+  int32_t n_prompt_tokens = 0;
+  int32_t n_generated = 0;
+  double queue_seconds = 0;         // arrival → prefill compute start (first attempt)
+  double prefill_seconds = 0;       // prefill compute (first attempt)
+  double kv_transfer_seconds = 0;   // (last attempt that moved KV)
+  double decode_queue_seconds = 0;  // KV arrived → first decode step (last attempt)
+  double ttft_seconds = 0;          // arrival → the first token handed to the sink
+  double e2e_seconds = 0;           // arrival → the end
+  int32_t failovers = 0;
+  std::vector<std::string> failover_history;  // "decode (d:1): UNAVAILABLE: …", oldest first
+  std::string prefill_address, decode_address;  // of the last attempt
+};
+
+// Where the pipeline's output goes (the gRPC stream, an HTTP response).
+class ResponseSink {
+ public:
+  struct Accepted {
+    size_t n = 0;       // how many of the offered tokens were taken (the rest are dropped)
+    bool stop = false;  // a stop string matched: no more tokens; the request ends OK ("stop")
+  };
+  virtual ~ResponseSink() = default;
+  // New tokens in order; over the whole request (failovers included) each position is offered
+  // once. Called with the pipeline's mutex held.
+  virtual Accepted on_tokens(std::span<const int32_t> ids) = 0;
+  // The current attempt failed and the request is starting another (for metrics and logs).
+  virtual void on_failover(const std::string& reason, const Status& cause) {}
+  // Exactly once, last. OK: the outcome is complete; otherwise `status` says why.
+  virtual void on_end(const Status& status, const PipelineOutcome& outcome) = 0;
+};
+
+// What every pipeline of one frontend shares. All must outlive the pipelines.
+struct PipelineDeps {
+  Scheduler* scheduler = nullptr;
+  WorkerRegistry* registry = nullptr;
+  WorkerClient* client = nullptr;
+  const Clock* clock = nullptr;
+  PipelineConfig config;
+};
+
+class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
+ public:
+  static std::shared_ptr<RequestPipeline> create(const PipelineDeps& deps, PipelineRequest request,
+                                                 std::shared_ptr<ResponseSink> sink);
+  RequestPipeline(const RequestPipeline&) = delete;
+  RequestPipeline& operator=(const RequestPipeline&) = delete;
+
+  // Submits the first attempt. Call once.
+  void start();
+  // Ends the request with `why` (not OK) unless it has ended already.
+  void cancel(const Status& why);
+
+  PipelineState state() const;
+  // The current attempt's worker-facing id (tests and logs).
+  std::string attempt_id() const;
+
+ private:
+  struct Attempt {
+    int32_t number = -1;
+    std::string id;
+    bool handed_to_scheduler = false;
+    bool placed = false;
+    Placement placement;
+    bool admitted = false;            // the decode worker holds a reservation under `id`
+    WorkerCall* prefill = nullptr;    // open calls (valid until their done runs)
+    WorkerCall* decode = nullptr;
+    bool first_token = false;         // this attempt's prefill delivered its token
+    std::vector<int32_t> early;       // decode tokens that overtook the first token
+    bool decode_done = false;
+  };
+  class Guard;  // the mutex, plus scheduler calls to make once it is released
+
+  RequestPipeline(const PipelineDeps& deps, PipelineRequest request, std::shared_ptr<ResponseSink> sink);
+
+  void on_submitted(int32_t attempt, const std::string& id, const Status& status);
+  void on_placed(int32_t attempt, const Placement& placement);
+  void on_queue_failed(int32_t attempt, const Status& status);
+  // False when the attempt is no longer current (the caller releases what Admit reserved).
+  bool on_admitted(int32_t attempt, const Status& status);
+  void on_prefill_update(int32_t attempt, const PrefillUpdate& update);
+  void on_prefill_done(int32_t attempt, const Status& status);
+  void on_decode_update(int32_t attempt, const DecodeUpdate& update);
+  void on_decode_done(int32_t attempt, const Status& status);
+
+  bool current(int32_t attempt) const { return state_ != PipelineState::kEnded && attempt == attempt_.number; }
+  void submit_attempt_locked(Guard& g);
+  void open_worker_calls_locked();
+  void emit_locked(Guard& g, std::span<const int32_t> ids);
+  void maybe_complete_locked(Guard& g);
+  // A worker failed the attempt: another attempt, or the end when none is left.
+  void failover_locked(Guard& g, const std::string& reason, const Status& cause);
+  // Lets go of everything the current attempt holds (calls, reservation, placement).
+  void abandon_attempt_locked(Guard& g);
+  void end_locked(Guard& g, const Status& status);
+  void report_fault(WorkerRole role, const std::string& address, const Status& status);
+  double since_arrival(TimePoint t) const;
+
+  const PipelineDeps deps_;
+  const PipelineRequest req_;
+  mutable std::mutex mu_;
+  std::shared_ptr<ResponseSink> sink_;  // dropped after on_end
+  PipelineState state_ = PipelineState::kNew;
+  Attempt attempt_;
+  std::vector<int32_t> emitted_;  // every token the sink took
+  std::vector<std::string> avoid_decode_, avoid_prefill_;
+  std::vector<std::string> history_;
+  std::string finish_reason_;
+  TimePoint prefill_sent_{}, first_token_at_{};
+  bool have_first_token_ = false;
+  double queue_s_ = 0, prefill_s_ = 0, kv_transfer_s_ = 0, decode_queue_s_ = 0;
+};
+
+// 32 hex digits from the operating system's random source (128 bits).
+std::string random_request_id();
+
+}  // namespace baton

@@ -1,0 +1,86 @@
+// How the request pipeline (scheduler/request_pipeline.h) reaches the workers: four operations,
+// in baton's own types. The gRPC implementation sits at the edge (server/grpc_worker_client.h,
+// with every protobuf conversion of this boundary); tests drive the pipeline with a fake.
+//
+// Contract for implementations:
+// - Callbacks never run on the calling thread before the call returns (the pipeline calls in
+//   with its lock held), and run one at a time per call: a call's events, then its `done`, once.
+// - A WorkerCall handle stays valid until its `done` callback has returned; cancel() may be
+//   called any time before that (the call then ends, usually CANCELLED, and `done` still runs).
+// - Statuses are baton Statuses: transport failures (the worker is gone or unreachable) are
+//   UNAVAILABLE; a worker's own refusals keep the code it sent.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/sampler.h"
+
+namespace baton {
+
+// Worker calls end at the client's deadline (system_clock: what gRPC carries).
+using CallDeadline = std::chrono::system_clock::time_point;
+
+struct AdmitCall {
+  std::string request_id;       // the attempt's worker-facing id
+  int32_t n_prompt_tokens = 0;  // prompt + tokens already generated (their KV arrives)
+  int32_t max_tokens = 0;       // tokens still to generate, the first one (from prefill) included
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  std::string model_fingerprint;
+};
+
+struct PrefillCall {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> generated_ids;  // already streamed before a failover; prefilled after the prompt
+  SamplingParams sampling;
+  std::string decode_address;  // where the prefill worker hands the KV
+};
+
+struct PrefillUpdate {
+  enum class Kind { kFirstToken, kKvSent };
+  Kind kind = Kind::kFirstToken;
+  int32_t token_id = 0;         // kFirstToken
+  double queue_seconds = 0;     // kFirstToken: received → prefill compute start
+  double prefill_seconds = 0;   // kFirstToken
+  double transfer_seconds = 0;  // kKvSent
+};
+
+struct DecodeUpdate {
+  std::vector<int32_t> token_ids;  // tokens after the first
+  bool done = false;               // the last update of the stream
+  bool length = false;             // done by max_tokens (else by an end-of-sequence token)
+  double decode_queue_seconds = 0; // first update: KV arrived → first decode step
+  double kv_transfer_seconds = 0;  // first update
+};
+
+class WorkerCall {
+ public:
+  virtual ~WorkerCall() = default;
+  virtual void cancel() = 0;
+};
+
+class WorkerClient {
+ public:
+  using Done = std::function<void(const Status&)>;
+  virtual ~WorkerClient() = default;
+
+  // Reserves KV blocks on a decode worker.
+  virtual void admit(const std::string& decode_address, const AdmitCall& call, CallDeadline deadline, Done done) = 0;
+  // Prefills on a prefill worker: the first token, then (once the decode worker has the KV)
+  // kv_sent, then done.
+  virtual WorkerCall* prefill(const std::string& prefill_address, const PrefillCall& call, CallDeadline deadline,
+                              std::function<void(const PrefillUpdate&)> on_update, Done done) = 0;
+  // The tokens after the first, from the decode worker that admitted `request_id`.
+  virtual WorkerCall* stream(const std::string& decode_address, const std::string& request_id, CallDeadline deadline,
+                             std::function<void(const DecodeUpdate&)> on_update, Done done) = 0;
+  // Frees a decode reservation (best effort, fire and forget; idempotent on the worker).
+  virtual void release(const std::string& decode_address, const std::string& request_id) = 0;
+};
+
+}  // namespace baton

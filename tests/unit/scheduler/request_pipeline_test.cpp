@@ -1,0 +1,595 @@
+// The request pipeline against fake workers: a toy deterministic "model", workers that can be
+// killed and revived, calls that can be failed one at a time, and every event delivered in an
+// order the test chooses (deterministic, or drawn at random). The scheduler and the worker
+// registry are the real ones. Each test checks the client's stream against the uninterrupted
+// output and that nothing is left behind: no reservation on any worker, nothing admitted in
+// the scheduler, no open call.
+#include <catch2/catch.hpp>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "scheduler/request_pipeline.h"
+#include "tests/unit/scheduler/scheduler_harness.h"
+
+using namespace baton;
+using namespace baton::scheduler_test;
+
+namespace {
+
+constexpr int32_t kVocab = 1000;
+constexpr int32_t kEos = 0;
+
+// The toy model: the greedy next token of a sequence (end-of-sequence now and then).
+int32_t next_token(const std::vector<int32_t>& seq) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int32_t t : seq) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ULL;
+  h ^= h >> 29;
+  return (h % 61 == 0) ? kEos : 1 + static_cast<int32_t>(h % (kVocab - 1));
+}
+
+// What an uninterrupted run streams.
+std::vector<int32_t> reference(std::vector<int32_t> seq, int32_t max_tokens, bool ignore_eos) {
+  std::vector<int32_t> out;
+  while (static_cast<int32_t>(out.size()) < max_tokens) {
+    const int32_t t = next_token(seq);
+    seq.push_back(t);
+    out.push_back(t);
+    if (t == kEos && !ignore_eos) break;
+  }
+  return out;
+}
+
+// Decode and prefill workers in one object: what each holds, and every call in flight.
+class FakeWorkers final : public WorkerClient {
+ public:
+  struct Call final : public WorkerCall {
+    enum class Kind { kAdmit, kPrefill, kStream, kRelease } kind;
+    int id = 0;
+    std::string address, request_id;
+    AdmitCall admit;
+    PrefillCall prefill;
+    int prefill_step = 0;  // 0: first token next, 1: KV hand-off next, 2: done next
+    bool cancelled = false;
+    std::optional<Status> inject;  // fail at the next step with this
+    std::function<void(const PrefillUpdate&)> on_prefill;
+    std::function<void(const DecodeUpdate&)> on_decode;
+    Done done;
+    void cancel() override { cancelled = true; }
+  };
+  // A decode worker's sequence.
+  struct Seq {
+    int32_t max_tokens = 0;  // counting the first
+    bool ignore_eos = false;
+    bool kv = false;                // the KV arrived
+    std::vector<int32_t> tokens;    // prompt + generated so far (incl. the first token)
+    int32_t n_generated = 0;
+    bool attached = false;
+  };
+
+  std::set<std::string> dead;
+  std::map<std::string, std::map<std::string, Seq>> decode;  // address → request id → sequence
+  std::map<int, std::unique_ptr<Call>> calls;
+  int next_call = 0;
+
+  void admit(const std::string& addr, const AdmitCall& c, CallDeadline, Done done) override {
+    auto call = add(Call::Kind::kAdmit, addr, c.request_id);
+    call->admit = c;
+    call->done = std::move(done);
+  }
+  WorkerCall* prefill(const std::string& addr, const PrefillCall& c, CallDeadline,
+                      std::function<void(const PrefillUpdate&)> on_update, Done done) override {
+    auto call = add(Call::Kind::kPrefill, addr, c.request_id);
+    call->prefill = c;
+    call->on_prefill = std::move(on_update);
+    call->done = std::move(done);
+    return call;
+  }
+  WorkerCall* stream(const std::string& addr, const std::string& id, CallDeadline,
+                     std::function<void(const DecodeUpdate&)> on_update, Done done) override {
+    auto call = add(Call::Kind::kStream, addr, id);
+    call->on_decode = std::move(on_update);
+    call->done = std::move(done);
+    return call;
+  }
+  void release(const std::string& addr, const std::string& id) override { add(Call::Kind::kRelease, addr, id); }
+
+  // Calls that can make progress now.
+  std::vector<int> ready() const {
+    std::vector<int> out;
+    for (const auto& [id, c] : calls) {
+      if (c->kind == Call::Kind::kStream && !c->cancelled && !c->inject && !dead.count(c->address)) {
+        auto w = decode.find(c->address);
+        const Seq* s = nullptr;
+        if (w != decode.end()) {
+          auto it = w->second.find(c->request_id);
+          if (it != w->second.end()) s = &it->second;
+        }
+        if (s != nullptr && !s->kv) continue;  // waits for its KV
+      }
+      out.push_back(id);
+    }
+    return out;
+  }
+
+  // One step of call `id`.
+  void step(int id) {
+    Call& c = *calls.at(id);
+    const bool down = dead.count(c.address) != 0;
+    // The handle stays valid until its done has returned (worker_client.h).
+    auto finish = [this, id](Status s) {
+      auto node = calls.extract(id);
+      if (node.mapped()->done) node.mapped()->done(s);
+    };
+    if (c.kind == Call::Kind::kRelease) {
+      if (!down) decode[c.address].erase(c.request_id);
+      calls.erase(id);
+      return;
+    }
+    if (down) {
+      finish(unavailable("connection reset by peer"));
+      return;
+    }
+    if (c.inject) {
+      if (c.kind == Call::Kind::kStream) decode[c.address].erase(c.request_id);
+      finish(*c.inject);
+      return;
+    }
+    if (c.cancelled) {
+      if (c.kind == Call::Kind::kStream) decode[c.address].erase(c.request_id);
+      finish(cancelled("cancelled by the client"));
+      return;
+    }
+    switch (c.kind) {
+      case Call::Kind::kAdmit: {
+        Seq s;
+        s.max_tokens = c.admit.max_tokens;
+        s.ignore_eos = c.admit.ignore_eos;
+        REQUIRE(decode[c.address].count(c.request_id) == 0);
+        decode[c.address][c.request_id] = s;
+        finish(Status());
+        return;
+      }
+      case Call::Kind::kPrefill: {
+        std::vector<int32_t> seq = c.prefill.prompt_ids;
+        seq.insert(seq.end(), c.prefill.generated_ids.begin(), c.prefill.generated_ids.end());
+        if (c.prefill_step == 0) {
+          PrefillUpdate u;
+          u.token_id = next_token(seq);
+          ++c.prefill_step;
+          c.on_prefill(u);
+        } else if (c.prefill_step == 1) {
+          const std::string& d = c.prefill.decode_address;
+          auto w = decode.find(d);
+          if (dead.count(d) || w == decode.end() || w->second.count(c.request_id) == 0) {
+            finish(unavailable("KV hand-off to " + d + ": the decode worker refused or is gone"));
+            return;
+          }
+          Seq& s = w->second.at(c.request_id);
+          s.tokens = seq;
+          s.tokens.push_back(next_token(seq));
+          s.n_generated = 1;
+          s.kv = true;
+          PrefillUpdate u;
+          u.kind = PrefillUpdate::Kind::kKvSent;
+          u.transfer_seconds = 0.001;
+          ++c.prefill_step;
+          c.on_prefill(u);
+        } else {
+          finish(Status());
+        }
+        return;
+      }
+      case Call::Kind::kStream: {
+        auto& seqs = decode[c.address];
+        auto it = seqs.find(c.request_id);
+        if (it == seqs.end()) {
+          finish(not_found("request " + c.request_id + " is not admitted here"));
+          return;
+        }
+        Seq& s = it->second;
+        DecodeUpdate u;
+        const bool stopped_at_first = !s.ignore_eos && s.tokens.back() == kEos;
+        for (int i = 0; i < 2 && !stopped_at_first && s.n_generated < s.max_tokens; ++i) {
+          const int32_t t = next_token(s.tokens);
+          s.tokens.push_back(t);
+          ++s.n_generated;
+          u.token_ids.push_back(t);
+          if (t == kEos && !s.ignore_eos) break;
+        }
+        const bool eos = !s.ignore_eos && s.tokens.back() == kEos;
+        u.done = eos || s.n_generated >= s.max_tokens;
+        u.length = !eos;
+        c.on_decode(u);
+        if (u.done) {
+          seqs.erase(c.request_id);
+          finish(Status());
+        }
+        return;
+      }
+      case Call::Kind::kRelease:
+        return;
+    }
+  }
+
+  // Fails the next step of an open call of `kind` (any, when nullopt) with `status`.
+  bool inject(std::mt19937& rng, std::optional<Call::Kind> kind, const Status& status) {
+    std::vector<Call*> open;
+    for (auto& [id, c] : calls) {
+      if (c->kind != Call::Kind::kRelease && (!kind || c->kind == *kind) && !c->inject) open.push_back(c.get());
+    }
+    if (open.empty()) return false;
+    open[rng() % open.size()]->inject = status;
+    return true;
+  }
+
+  void kill(const std::string& addr) {
+    dead.insert(addr);
+    decode.erase(addr);  // the process and everything it held are gone
+    for (auto& [id, c] : calls) {  // and every connection to it breaks, even if it restarts
+      if (c->address == addr && c->kind != Call::Kind::kRelease) c->inject = unavailable("connection reset by peer");
+    }
+  }
+
+ private:
+  Call* add(Call::Kind kind, const std::string& addr, const std::string& request_id) {
+    auto c = std::make_unique<Call>();
+    c->kind = kind;
+    c->id = next_call++;
+    c->address = addr;
+    c->request_id = request_id;
+    Call* raw = c.get();
+    calls.emplace(raw->id, std::move(c));
+    return raw;
+  }
+};
+
+struct RecordingSink final : public ResponseSink {
+  std::vector<int32_t> tokens;
+  int n_end = 0;
+  Status status;
+  PipelineOutcome outcome;
+  std::vector<std::string> failovers;
+  Accepted on_tokens(std::span<const int32_t> ids) override {
+    CHECK(n_end == 0);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    return {ids.size(), false};
+  }
+  void on_failover(const std::string& reason, const Status&) override { failovers.push_back(reason); }
+  void on_end(const Status& s, const PipelineOutcome& o) override {
+    ++n_end;
+    status = s;
+    outcome = o;
+  }
+};
+
+// The real scheduler and registry over fake workers and fake time.
+struct World {
+  Harness h;
+  FakeWorkers workers;
+  PipelineDeps deps;
+  std::vector<std::string> prefill_addrs, decode_addrs;
+
+  World(int n_prefill, int n_decode, int32_t max_failovers = 2, SchedulerConfig sc = {}) : h(sc) {
+    for (int i = 0; i < n_prefill; ++i) prefill_addrs.push_back("p:" + std::to_string(i));
+    for (int i = 0; i < n_decode; ++i) decode_addrs.push_back("d:" + std::to_string(i));
+    deps.scheduler = &h.sched;
+    deps.registry = &h.registry;
+    deps.client = &workers;
+    deps.clock = &h.clock;
+    deps.config.max_failovers = max_failovers;
+    poll();
+  }
+
+  // What WorkerPool does every period: load reports from the live, failures from the dead.
+  void poll() {
+    h.clock.advance(std::chrono::milliseconds(1));
+    for (const auto& a : prefill_addrs) {
+      if (workers.dead.count(a)) {
+        h.registry.report_failure(kPrefill, a);
+      } else {
+        h.prefill_worker(a);
+      }
+    }
+    for (const auto& a : decode_addrs) {
+      if (workers.dead.count(a)) {
+        h.registry.report_failure(kDecode, a);
+      } else {
+        const auto held = static_cast<int64_t>(workers.decode[a].size());
+        h.decode_worker(a, 1000 - 4 * held, 1000);
+      }
+    }
+    h.sched.poll();
+  }
+
+  std::shared_ptr<RequestPipeline> start(const std::shared_ptr<RecordingSink>& sink, std::vector<int32_t> prompt,
+                                         int32_t max_tokens, bool ignore_eos = false) {
+    PipelineRequest r;
+    r.prompt_ids = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = ignore_eos;
+    r.stop_ids = {kEos};
+    r.arrival = h.clock.now();
+    auto p = RequestPipeline::create(deps, std::move(r), sink);
+    p->start();
+    return p;
+  }
+
+  // Delivers events (in `rng`'s order when given, else oldest call first) until nothing moves.
+  void run(std::mt19937* rng = nullptr, int max_steps = 100000) {
+    for (int i = 0; i < max_steps; ++i) {
+      if (i % 7 == 0) poll();
+      const auto ready = workers.ready();
+      if (ready.empty()) {
+        if (workers.calls.empty() && h.sched.n_queued() == 0) return;
+        poll();
+        continue;
+      }
+      workers.step(rng != nullptr ? ready[(*rng)() % ready.size()] : ready.front());
+    }
+    FAIL("the fake workers did not settle");
+  }
+
+  // Nothing left anywhere.
+  void check_clean() {
+    CHECK(workers.calls.empty());
+    for (const auto& [addr, seqs] : workers.decode) {
+      INFO("decode worker " << addr);
+      CHECK(seqs.empty());
+    }
+    CHECK(h.sched.n_admitted() == 0);
+    for (const auto& w : h.registry.snapshot(kDecode)) CHECK(w.n_unreported_requests == 0);
+    for (const auto& w : h.registry.snapshot(kPrefill)) CHECK(w.n_unreported_requests == 0);
+  }
+};
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (auto& t : p) t = 1 + static_cast<int32_t>(rng() % (kVocab - 1));
+  return p;
+}
+
+// A prompt whose uninterrupted answer runs `n` tokens without an end-of-sequence.
+std::vector<int32_t> prompt_without_eos(std::mt19937& rng, int n) {
+  for (;;) {
+    auto p = random_prompt(rng, 8);
+    const auto ref = reference(p, n, false);
+    if (static_cast<int>(ref.size()) == n) return p;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: an undisturbed request streams the model's output once and leaves nothing behind",
+          "[pipeline]") {
+  std::mt19937 rng(test_seed("pipeline undisturbed"));
+  World w(2, 2);
+  for (int i = 0; i < 20; ++i) {
+    auto sink = std::make_shared<RecordingSink>();
+    const auto prompt = random_prompt(rng, 1 + static_cast<int>(rng() % 20));
+    const int32_t max_tokens = 1 + static_cast<int32_t>(rng() % 40);
+    auto p = w.start(sink, prompt, max_tokens);
+    w.run(&rng);
+    REQUIRE(sink->n_end == 1);
+    CHECK(sink->status.ok());
+    CHECK(sink->tokens == reference(prompt, max_tokens, false));
+    CHECK(sink->outcome.n_generated == static_cast<int32_t>(sink->tokens.size()));
+    CHECK(sink->outcome.failovers == 0);
+    CHECK(p->state() == PipelineState::kEnded);
+  }
+  w.check_clean();
+}
+
+// Drives one request until the pipeline is in `state`, then applies `fault`.
+enum class Fault { kKillDecode, kKillPrefill, kDecodeError, kPrefillError, kAdmitError, kClientCancel };
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::kKillDecode: return "kill decode worker";
+    case Fault::kKillPrefill: return "kill prefill worker";
+    case Fault::kDecodeError: return "decode stream INTERNAL";
+    case Fault::kPrefillError: return "prefill DATA_LOSS";
+    case Fault::kAdmitError: return "admit UNAVAILABLE";
+    case Fault::kClientCancel: return "client cancels";
+  }
+  return "?";
+}
+
+TEST_CASE("pipeline: every failure in every state fails over, or ends as it must, without loss or leak",
+          "[pipeline]") {
+  std::mt19937 rng(test_seed("pipeline state x fault"));
+  const PipelineState states[] = {PipelineState::kAdmitting, PipelineState::kPrefilling, PipelineState::kDecoding};
+  const Fault faults[] = {Fault::kKillDecode, Fault::kKillPrefill, Fault::kDecodeError,
+                          Fault::kPrefillError, Fault::kAdmitError, Fault::kClientCancel};
+  int n_failed_over = 0;
+  for (PipelineState target : states) {
+    for (Fault fault : faults) {
+      INFO(pipeline_state_name(target) << " × " << fault_name(fault));
+      World w(2, 2);
+      auto sink = std::make_shared<RecordingSink>();
+      const auto prompt = prompt_without_eos(rng, 30);
+      auto p = w.start(sink, prompt, 30);
+      // Step until the target state (and, for decoding, some tokens out).
+      for (int guard = 0; guard < 1000; ++guard) {
+        const auto st = p->state();
+        if (st == target && (target != PipelineState::kDecoding || sink->tokens.size() >= 5)) break;
+        const auto ready = w.workers.ready();
+        REQUIRE_FALSE(ready.empty());
+        w.workers.step(ready.front());
+      }
+      REQUIRE(p->state() == target);
+      const std::string attempt = p->attempt_id();
+      bool applicable = true;
+      switch (fault) {
+        case Fault::kKillDecode:
+        case Fault::kKillPrefill: {
+          // The worker of the current attempt (placement is known from the first call it got).
+          const auto kind = fault == Fault::kKillDecode ? FakeWorkers::Call::Kind::kAdmit : FakeWorkers::Call::Kind::kPrefill;
+          std::string addr;
+          for (const auto& [id, c] : w.workers.calls) {
+            if (c->request_id == attempt && (c->kind == kind || (fault == Fault::kKillDecode && c->kind == FakeWorkers::Call::Kind::kStream))) {
+              addr = c->address;
+            }
+          }
+          if (addr.empty()) {
+            applicable = false;  // no call on that role in this state (e.g. prefill before Admit returned)
+            break;
+          }
+          w.workers.kill(addr);
+          break;
+        }
+        case Fault::kDecodeError:
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kStream, internal_error("decode step failed"));
+          break;
+        case Fault::kPrefillError:
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kPrefill, data_loss("KV chunk checksum"));
+          break;
+        case Fault::kAdmitError:
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kAdmit, unavailable("connection refused"));
+          break;
+        case Fault::kClientCancel:
+          p->cancel(cancelled("the client cancelled the request"));
+          break;
+      }
+      if (!applicable) continue;
+      w.run(&rng);
+      REQUIRE(sink->n_end == 1);
+      const auto ref = reference(prompt, 30, false);
+      if (fault == Fault::kClientCancel) {
+        CHECK(sink->status.code() == StatusCode::kCancelled);
+        CHECK(std::equal(sink->tokens.begin(), sink->tokens.end(), ref.begin()));  // a prefix
+      } else {
+        CHECK(sink->status.ok());
+        CHECK(sink->tokens == ref);
+        CHECK(sink->outcome.failovers == 1);
+        CHECK(sink->failovers.size() == 1);
+        ++n_failed_over;
+      }
+      w.check_clean();
+    }
+  }
+  CHECK(n_failed_over >= 8);  // the combinations that apply were exercised
+}
+
+TEST_CASE("pipeline: after max_failovers the request ends UNAVAILABLE with the history", "[pipeline]") {
+  std::mt19937 rng(test_seed("pipeline max failovers"));
+  World w(1, 3, /*max_failovers=*/1);
+  auto sink = std::make_shared<RecordingSink>();
+  const auto prompt = prompt_without_eos(rng, 20);
+  auto p = w.start(sink, prompt, 20);
+  // Every decode stream breaks: the first attempt's and its one failover's.
+  for (int guard = 0; guard < 10000 && p->state() != PipelineState::kEnded; ++guard) {
+    (void)w.workers.inject(rng, FakeWorkers::Call::Kind::kStream, unavailable("stream reset"));
+    const auto ready = w.workers.ready();
+    if (ready.empty()) {
+      w.poll();
+      continue;
+    }
+    w.workers.step(ready.front());
+  }
+  w.run(&rng);
+  REQUIRE(sink->n_end == 1);
+  CHECK(sink->status.code() == StatusCode::kUnavailable);
+  CHECK(contains(sink->status.message(), "after 2 attempts"));
+  CHECK(contains(sink->status.message(), "attempt 1: decode"));
+  CHECK(contains(sink->status.message(), "attempt 2: decode"));
+  CHECK(sink->failovers.size() == 1);
+  w.check_clean();
+}
+
+TEST_CASE("pipeline: with no healthy worker a request fails UNAVAILABLE after no_worker_timeout", "[pipeline]") {
+  SchedulerConfig sc;
+  sc.no_worker_timeout = std::chrono::seconds(5);
+  World w(1, 1, 2, sc);
+  w.workers.kill("p:0");
+  for (int i = 0; i < 3; ++i) w.poll();  // three failed polls: unhealthy
+  auto sink = std::make_shared<RecordingSink>();
+  std::mt19937 rng(test_seed("pipeline no worker"));
+  auto p = w.start(sink, random_prompt(rng, 5), 5);
+  w.h.clock.advance(std::chrono::milliseconds(4900));
+  w.h.sched.poll();
+  CHECK(sink->n_end == 0);
+  CHECK(p->state() == PipelineState::kQueued);
+  w.h.clock.advance(std::chrono::milliseconds(200));
+  w.h.sched.poll();
+  REQUIRE(sink->n_end == 1);
+  CHECK(sink->status.code() == StatusCode::kUnavailable);
+  CHECK(contains(sink->status.message(), "no healthy prefill worker"));
+  w.check_clean();
+}
+
+TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak and repeat nothing",
+          "[pipeline]") {
+  const uint32_t seed = test_seed("pipeline random faults");
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round << " (seed " << seed << ")");
+    World w(2 + static_cast<int>(rng() % 2), 2 + static_cast<int>(rng() % 2), /*max_failovers=*/3);
+    struct Req {
+      std::shared_ptr<RecordingSink> sink;
+      std::shared_ptr<RequestPipeline> p;
+      std::vector<int32_t> ref;
+      bool cancelled = false;
+    };
+    std::vector<Req> reqs;
+    const int n = 12;
+    for (int i = 0; i < n; ++i) {
+      Req r;
+      r.sink = std::make_shared<RecordingSink>();
+      const auto prompt = random_prompt(rng, 1 + static_cast<int>(rng() % 12));
+      const int32_t max_tokens = 1 + static_cast<int32_t>(rng() % 40);
+      const bool ignore_eos = rng() % 3 == 0;
+      r.ref = reference(prompt, max_tokens, ignore_eos);
+      r.p = w.start(r.sink, prompt, max_tokens, ignore_eos);
+      reqs.push_back(std::move(r));
+    }
+    for (int step = 0; step < 20000; ++step) {
+      if (step % 7 == 0) w.poll();
+      const uint32_t dice = rng() % 1000;
+      std::vector<std::string> all = w.prefill_addrs;
+      all.insert(all.end(), w.decode_addrs.begin(), w.decode_addrs.end());
+      if (dice < 6) {
+        w.workers.kill(all[rng() % all.size()]);
+      } else if (dice < 30 && !w.workers.dead.empty()) {
+        w.workers.dead.erase(w.workers.dead.begin());  // restarted (empty)
+      } else if (dice < 36) {
+        const Status errs[] = {internal_error("worker step failed"), data_loss("KV checksum"),
+                               unavailable("stream reset")};
+        (void)w.workers.inject(rng, std::nullopt, errs[rng() % 3]);
+      } else if (dice < 38) {
+        Req& r = reqs[rng() % reqs.size()];
+        r.cancelled = true;
+        r.p->cancel(cancelled("the client cancelled the request"));
+      }
+      const auto ready = w.workers.ready();
+      if (ready.empty()) {
+        bool all_ended = true;
+        for (const Req& r : reqs) all_ended = all_ended && r.sink->n_end == 1;
+        if (all_ended && w.workers.calls.empty()) break;
+        w.h.clock.advance(std::chrono::milliseconds(50));  // waiting for a worker to come back
+        continue;
+      }
+      w.workers.step(ready[rng() % ready.size()]);
+    }
+    w.workers.dead.clear();  // the rest of the calls finish
+    w.run(&rng);
+    int n_ok = 0;
+    for (const Req& r : reqs) {
+      REQUIRE(r.sink->n_end == 1);
+      // Whatever happened, the client never saw a token twice or one out of place.
+      REQUIRE(r.sink->tokens.size() <= r.ref.size());
+      CHECK(std::equal(r.sink->tokens.begin(), r.sink->tokens.end(), r.ref.begin()));
+      if (r.sink->status.ok()) {
+        ++n_ok;
+        CHECK(r.sink->tokens == r.ref);
+      } else {
+        const auto code = r.sink->status.code();
+        CHECK((code == StatusCode::kUnavailable || code == StatusCode::kCancelled));
+        if (code == StatusCode::kCancelled) CHECK(r.cancelled);
+      }
+    }
+    CHECK(n_ok > 0);
+    w.check_clean();
+  }
+}
