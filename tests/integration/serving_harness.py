@@ -118,18 +118,22 @@ class Server:
 class Stream:
     """One Generate call read on its own thread: token ids with their arrival times, the final message."""
 
-    def __init__(self, pb, address, prompt_ids, max_tokens, timeout=300):
+    def __init__(self, pb, address, prompt_ids, max_tokens, timeout=300, seed=None):
+        """Greedy, or seeded sampling at temperature 0.8 when `seed` is given."""
         self.ids, self.times, self.final, self.error = [], [], None, None
         self.started = time.monotonic()
-        self._args = (pb, address, prompt_ids, max_tokens, timeout)
+        self._args = (pb, address, prompt_ids, max_tokens, timeout, seed)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         import grpc
 
-        pb, address, prompt_ids, max_tokens, timeout = self._args
+        pb, address, prompt_ids, max_tokens, timeout, seed = self._args
         req = pb.gen.GenerateRequest(prompt_token_ids=prompt_ids, max_tokens=max_tokens, ignore_eos=True)
+        if seed is not None:
+            req.sampling.temperature = 0.8
+            req.sampling.seed = seed
         try:
             with grpc.insecure_channel(address) as ch:
                 for m in pb.gen_grpc.GenerationStub(ch).Generate(req, timeout=timeout):

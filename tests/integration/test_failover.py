@@ -1,8 +1,10 @@
 """Failover with real processes: `baton serve` roles on loopback, workers killed with SIGKILL.
 
-- A decode worker killed while 8 greedy streams of 320 tokens run: every stream completes, token for
-  token equal to the same request on the undisturbed deployment, and the streams that were on it
-  say so in their Timing (failovers >= 1) and in baton_request_failovers_total{reason="decode"}.
+- A decode worker killed while 8 streams of 320 tokens run (half greedy, half sampling with seeds):
+  every stream completes; the greedy ones equal the same request on the undisturbed deployment
+  token for token, the seeded ones do up to the failover (and after it but for rounding: see
+  assert_same_as_undisturbed); the streams that were on it say so in their Timing (failovers >= 1)
+  and in baton_request_failovers_total{reason="decode"}.
 - A prefill worker killed while prompts are being prefilled (two prefill workers): the same.
 - Every prefill worker killed: health turns NOT_SERVING, a request without a deadline fails
   UNAVAILABLE within --no-worker-timeout, and a prefill worker restarted on the same port after a
@@ -11,7 +13,7 @@
 
 The model is a random test model large enough that a stream lasts seconds (4 layers, width 512),
 run in f32 on every role so that re-prefilling already-decoded positions reproduces their logits
-closely enough for greedy decoding to agree.
+to rounding: greedy decoding then agrees except at an exact near-tie.
 """
 
 import os
@@ -49,21 +51,48 @@ def prompts(n, length, seed):
     return [[3 + (seed * 7 + i * 31 + j * 13 + (j * j) % 17) % 270 for j in range(length)] for i in range(n)]
 
 
+def seed_of(i):
+    # Every other stream samples (temperature 0.8) with a seed of its own; the rest are greedy.
+    return 1000 + i if i % 2 else None
+
+
+def start_streams(pb, address, prompt_list, max_tokens):
+    return [Stream(pb, address, p, max_tokens, seed=seed_of(i)) for i, p in enumerate(prompt_list)]
+
+
 def run_all(pb, address, prompt_list, max_tokens):
-    streams = [Stream(pb, address, p, max_tokens) for p in prompt_list]
+    streams = start_streams(pb, address, prompt_list, max_tokens)
     for s in streams:
         s.join()
     return streams
 
 
-def assert_same_as_undisturbed(streams, reference, max_tokens):
+def assert_same_as_undisturbed(streams, reference, max_tokens, killed_at):
+    """Every stream completes. Greedy streams, and streams that did not fail over, equal their
+    undisturbed run token for token. A seeded stream that failed over equals it up to the
+    failover; after it, draws are keyed by position and the same, but the re-prefilled positions'
+    KV is computed by the prefill path, whose rounding differs from the decode path's: where a
+    draw's uniform number falls within that rounding of a cumulative-probability boundary, the
+    token differs (measured in one process, without serving, by bench/reprefill_drift.py: about
+    one continuation in 20 at T = 0.8; see bench/RESULTS.md). Returns how many seeded streams that
+    failed over stayed identical, and how many there were."""
+    same_seeded = n_seeded = 0
     for i, (s, ref) in enumerate(zip(streams, reference)):
         assert s.error is None, f"stream {i}: {s.error.code()} {s.error.details()}"
         assert s.final is not None, f"stream {i} has no final message"
         assert len(s.ids) == max_tokens, f"stream {i}: {len(s.ids)} tokens"
-        first_diff = next((k for k, (a, b) in enumerate(zip(s.ids, ref)) if a != b), None)
-        assert first_diff is None, f"stream {i} differs from the undisturbed run at token {first_diff}"
         assert s.final.usage.completion_tokens == max_tokens
+        first_diff = next((k for k, (a, b) in enumerate(zip(s.ids, ref)) if a != b), None)
+        before_kill = sum(t < killed_at for t in s.times)
+        what = (f"stream {i} ({'seed ' + str(seed_of(i)) if seed_of(i) else 'greedy'}, failovers "
+                f"{s.final.timing.failovers}, {before_kill} tokens before the kill)")
+        if seed_of(i) is not None and s.final.timing.failovers > 0:
+            n_seeded += 1
+            same_seeded += first_diff is None
+            assert first_diff is None or first_diff >= before_kill, f"{what} differs at token {first_diff}"
+        else:
+            assert first_diff is None, f"{what} differs from the undisturbed run at token {first_diff}"
+    return same_seeded, n_seeded
 
 
 def kill_when(streams, ready, victim):
@@ -93,17 +122,18 @@ def test_decode_worker_killed_mid_stream_costs_no_request(pb, server_factory, fa
     reference = [s.ids for s in run_all(pb, front.address, work, max_tokens)]
     assert all(len(r) == max_tokens for r in reference)
 
-    streams = [Stream(pb, front.address, p, max_tokens) for p in work]
+    streams = start_streams(pb, front.address, work, max_tokens)
     # Kill one decode worker once every stream is well under way (none has finished).
     killed_at = kill_when(streams, lambda ss: min(len(s.ids) for s in ss) >= 40, decode[0])
     assert min(s.times[-1] for s in streams) > killed_at, "a stream finished before the kill: make them longer"
-    assert_same_as_undisturbed(streams, reference, max_tokens)
+    same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, max_tokens, killed_at)
     moved = [s for s in streams if s.final.timing.failovers > 0]
     assert moved, "no stream was on the killed decode worker"
     assert all(s.final.decode_worker == decode[1].address for s in moved)
     assert failovers(front, "decode") >= len(moved)
     gaps = [next(t for t in s.times if t >= killed_at) - killed_at for s in moved if s.times[-1] >= killed_at]
-    print(f"{len(moved)} of 8 streams failed over; kill → next token: "
+    print(f"{len(moved)} of 8 streams failed over ({same_seeded} of {n_seeded} seeded ones identical); "
+          f"kill → next token: "
           f"{', '.join(f'{g * 1000:.0f} ms' for g in sorted(gaps))}")
     assert wait_blocks_free(decode[1]), "KV blocks on the surviving decode worker did not return"
 
@@ -118,10 +148,10 @@ def test_prefill_worker_killed_while_prefilling_costs_no_request(pb, server_fact
     work = prompts(8, 600, seed=2)
     reference = [s.ids for s in run_all(pb, front.address, work, max_tokens)]
 
-    streams = [Stream(pb, front.address, p, max_tokens) for p in work]
+    streams = start_streams(pb, front.address, work, max_tokens)
     # The first first token means prefilling has begun everywhere; most prompts are still waiting.
-    kill_when(streams, lambda ss: any(s.ids for s in ss), prefill[0])
-    assert_same_as_undisturbed(streams, reference, max_tokens)
+    killed_at = kill_when(streams, lambda ss: any(s.ids for s in ss), prefill[0])
+    assert_same_as_undisturbed(streams, reference, max_tokens, killed_at)
     moved = [s for s in streams if s.final.timing.failovers > 0]
     assert moved, "no prompt was on the killed prefill worker when it died"
     assert all(s.final.prefill_worker == prefill[1].address for s in moved)
