@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.parse
@@ -103,7 +104,8 @@ def baton_local(baton_bin, test_model):
     server.stop()
 
 
-def test_prometheus_scrapes_baton_local(baton_local, pb, metrics, tmp_path):
+def local_config(baton_local, tmp_path):
+    """deploy/prometheus/prometheus-local.yml with 1 s intervals, scraping the test's baton local."""
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-local.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str((DEPLOY / "prometheus" / f).resolve()) for f in config["rule_files"]]
@@ -111,7 +113,11 @@ def test_prometheus_scrapes_baton_local(baton_local, pb, metrics, tmp_path):
     job["static_configs"][0]["targets"] = [f"127.0.0.1:{baton_local.metrics_port}"]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
+    return path, job
 
+
+def test_prometheus_scrapes_baton_local(baton_local, pb, metrics, tmp_path):
+    path, job = local_config(baton_local, tmp_path)
     prom = Prometheus(path, tmp_path)
     try:
         prom.wait("Prometheus to be ready", lambda: "Ready" in prom.get("/-/ready"), 30)
@@ -157,3 +163,34 @@ def test_prometheus_scrapes_baton_local(baton_local, pb, metrics, tmp_path):
     assert {n: t for n, t in live.items() if n in metrics} == live, f"undeclared families: {set(live) - set(metrics)}"
     assert all(metrics[n] == t for n, t in live.items())
     assert set(metrics) - set(live) <= ONLY_ON_EVENTS, f"declared, never served: {set(metrics) - set(live)}"
+
+
+def test_idle_connections_cannot_blind_monitoring(baton_local, tmp_path):
+    """20 connections to the metrics port that send nothing (idle clients, or a slowloris): the
+    real Prometheus keeps scraping (fresh successful scrapes while they are open), a direct fetch
+    is answered at once, and promtool accepts what it returns."""
+    path, job = local_config(baton_local, tmp_path)
+    prom = Prometheus(path, tmp_path)
+    idle = []
+    try:
+        prom.wait("Prometheus to be ready", lambda: "Ready" in prom.get("/-/ready"), 30)
+        up = f'up{{job="{job["job_name"]}"}}'
+        prom.wait("the first scrape of baton", lambda: finite_value(prom, up) == 1, 20)
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", baton_local.metrics_port), timeout=5)
+            idle.append(s)
+        opened = time.time()
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{baton_local.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        fetch_s = time.monotonic() - t0
+        assert fetch_s < 2, f"/metrics took {fetch_s:.1f} s with 20 idle connections open"
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        # Scrapes that started after the idle connections opened, and succeeded.
+        prom.wait("a successful scrape with the idle connections open",
+                  lambda: finite_value(prom, f"timestamp({up})") > opened + 1 and finite_value(prom, up) == 1, 15)
+    finally:
+        for s in idle:
+            s.close()
+        prom.stop()
