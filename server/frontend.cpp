@@ -34,6 +34,7 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->model_.tokenizer = fe->tokenizer_.get();
   fe->model_.name = std::filesystem::path(config.model_path).stem().string();
   fe->model_.max_priority = config.max_priority;
+  fe->model_.max_prompt_bytes = max_prompt_bytes(*fe->tokenizer_, fe->model_.config.n_ctx);
   if (!config.chat_template.empty()) {
     BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
     fe->model_.chat_template = ChatTemplate::for_kind(kind);

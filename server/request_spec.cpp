@@ -2,6 +2,7 @@
 
 #include "proto/convert.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace baton {
@@ -43,6 +44,12 @@ bool printable_ascii(const std::string& s) {
 
 }  // namespace
 
+size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
+  size_t longest = 1;
+  for (int32_t id = 0; id < tokenizer.n_vocab(); ++id) longest = std::max(longest, tokenizer.token_bytes(id).size());
+  return static_cast<size_t>(n_ctx) * longest;
+}
+
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const ServedModel& m,
                                         const std::string& generated_id) {
   GenerateSpec spec;
@@ -59,6 +66,15 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
   }
   if (n_forms > 1) {
     return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
+  }
+  // Every token stands for at most the longest token's bytes: text over n_ctx times that cannot
+  // fit, and is refused before tokenising it costs anything.
+  size_t text_bytes = r.prompt().size();
+  for (const auto& msg : r.messages()) text_bytes += msg.content().size();
+  if (m.max_prompt_bytes > 0 && text_bytes > m.max_prompt_bytes) {
+    return invalid_argument("the prompt is " + std::to_string(text_bytes) + " bytes: more than the context of " +
+                            std::to_string(m.config.n_ctx) + " tokens can hold (at most " +
+                            std::to_string(m.max_prompt_bytes) + " bytes); shorten it");
   }
   if (!r.prompt().empty()) {
     auto ids = m.tokenizer->encode(r.prompt(), /*parse_special=*/true);

@@ -36,7 +36,13 @@ struct ServedModel {
   // (down to -kPriorityBound); raising it above this is refused, so an unauthenticated client
   // cannot starve the others. (Per-key privileges come with API keys.)
   int32_t max_priority = 0;
+  // Prompt text (or message contents) longer than this cannot fit the context whatever it says:
+  // n_ctx × the longest token's bytes. Refused before it is tokenised.
+  size_t max_prompt_bytes = 0;
 };
+
+// n_ctx × the byte length of the longest token in the vocabulary.
+size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx);
 
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;

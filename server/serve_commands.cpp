@@ -55,6 +55,7 @@ struct ServeArgs {
   int max_requests = 256;
   int max_priority = 0;
   int max_failovers = 2;
+  int max_message_bytes = 4 << 20;  // public API: one request message
   double no_worker_timeout = 5.0;  // seconds
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;
@@ -154,9 +155,16 @@ Result<LoadedModel> load_model(const ServeArgs& a) {
 }
 
 // A gRPC server with health checking (grpc.health.v1) and reflection.
+// Internal messages (worker calls, KV chunks) are bounded too, far above what they carry (a KV
+// chunk is kept under 4 MiB by the prefill worker).
+constexpr int kMaxInternalMessageBytes = 64 << 20;
+
 class RpcServer {
  public:
-  static Result<std::unique_ptr<RpcServer>> start(const std::string& listen, const std::vector<grpc::Service*>& services) {
+  // `max_message_bytes` bounds what one received message may hold (gRPC refuses a larger one
+  // with RESOURCE_EXHAUSTED before it is parsed).
+  static Result<std::unique_ptr<RpcServer>> start(const std::string& listen, const std::vector<grpc::Service*>& services,
+                                                  int max_message_bytes = kMaxInternalMessageBytes) {
     static const bool plugins = [] {
       grpc::EnableDefaultHealthCheckService(true);
       grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -166,8 +174,8 @@ class RpcServer {
     auto s = std::unique_ptr<RpcServer>(new RpcServer());
     grpc::ServerBuilder b;
     b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
-    b.SetMaxReceiveMessageSize(-1);
-    b.SetMaxSendMessageSize(-1);
+    b.SetMaxReceiveMessageSize(max_message_bytes);
+    b.SetMaxSendMessageSize(kMaxInternalMessageBytes);
     for (grpc::Service* svc : services) b.RegisterService(svc);
     s->server_ = b.BuildAndStart();
     if (!s->server_ || s->port_ == 0) return unavailable("cannot listen on '" + listen + "' (in use, or a bad address)");
@@ -324,7 +332,7 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get()}));
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get()}, a.max_message_bytes));
   // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
   r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
   return r;
@@ -475,6 +483,10 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
                 "Frontend: highest request priority a client may ask for (lower is always allowed)")
       ->check(CLI::Range(-kPriorityBound, kPriorityBound))
       ->envname("BATON_MAX_PRIORITY");
+  c->add_option("--max-message-bytes", a.max_message_bytes,
+                "Frontend: largest request message the public API accepts (RESOURCE_EXHAUSTED above)")
+      ->check(CLI::Range(1024, 256 << 20))
+      ->envname("BATON_MAX_MESSAGE_BYTES");
   c->add_option("--max-failovers", a.max_failovers,
                 "Frontend: times a request is re-prefilled on other workers after a worker fails it")
       ->check(CLI::Range(0, 16))

@@ -84,8 +84,9 @@ std::shared_ptr<grpc::Channel> WorkerPool::channel(const std::string& address) {
   auto it = channels_.find(address);
   if (it != channels_.end()) return it->second;
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
+  // Worker answers are small (events, load reports); prefill requests carry a prompt.
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
   // A worker back after an outage of any length is reconnected within about a second (gRPC's
   // default backoff grows to 120 s: a restarted worker would sit unused for minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
