@@ -467,6 +467,16 @@ void DecodeEngine::run() {
         s.decode_queue_seconds = seconds_between(s.kv_end_at, step_start);
       }
       const int32_t id = sampled[i];
+      if (id == kNonFiniteLogits) {
+        // No token comes of a broken step: the request ends INTERNAL, the others go on.
+        spdlog::error("decode req={}: the logits at position {} are not finite (NaN or infinity); ending it",
+                      s.admit.request_id, s.position + 1);
+        finish_locked(batch[i], internal_error("decode worker " + config_.name + ": the logits at position " +
+                                                   std::to_string(s.position + 1) +
+                                                   " are not finite (NaN or infinity); no token was produced"),
+                      "");
+        continue;
+      }
       ++s.n_generated;
       s.pending.token_ids.push_back(id);
       s.has_pending = true;

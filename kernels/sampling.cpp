@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -15,7 +16,19 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+bool all_finite(std::span<const float> values) {
+  constexpr uint32_t kExp = 0x7f800000u;
+  uint32_t any = 0;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    any |= static_cast<uint32_t>((bits & kExp) == kExp);
+  }
+  return any == 0;
+}
+
 int32_t sample_logits(std::span<const float> logits, const SampleSpec& spec) {
+  if (!all_finite(logits)) return kNonFiniteLogits;
   if (spec.temperature == 0.0f) return argmax(logits);
   const size_t n = logits.size();
   thread_local std::vector<std::pair<float, int32_t>> candidates;

@@ -64,6 +64,12 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   res.finish_reason = "length";
   // Decode steps sample where the logits are (on a GPU only the ids come back).
   int32_t id = sampler.sample(res.last_logits, n_prompt);
+  auto non_finite = [&](int64_t position) {
+    pool.release(table);
+    return internal_error("the logits at position " + std::to_string(position) +
+                          " are not finite (NaN or infinity): the forward pass overflowed; no token was produced");
+  };
+  if (id == kNonFiniteLogits) return non_finite(n_prompt);
   std::vector<int32_t> sampled;
   for (int i = 0; i < opt.max_tokens; ++i) {
     res.tokens.push_back(id);
@@ -79,6 +85,7 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
     const SampleSpec spec = sampler.spec_at(n_prompt + i + 1);
     model_.forward_sample(batch, *cache, std::span(&spec, 1), &sampled);
     id = sampled[0];
+    if (id == kNonFiniteLogits) return non_finite(n_prompt + i + 1);
   }
   res.decode_seconds = seconds_since(t1);
   pool.release(table);

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -9,12 +10,28 @@
 #include <map>
 #include <string>
 
+#include "kernels/sampling.h"
 #include "model/dequant.h"
 
 namespace baton {
 namespace {
 
-// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest).
+// The index of the first NaN or infinity in `v`, or -1: blocks are checked with the vectorised
+// all_finite, and only a bad block is searched.
+int64_t first_non_finite(std::span<const float> v) {
+  constexpr size_t kBlock = 4096;
+  for (size_t start = 0; start < v.size(); start += kBlock) {
+    const size_t n = std::min(kBlock, v.size() - start);
+    if (!all_finite(v.subspan(start, n))) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(v[start + i])) return static_cast<int64_t>(start + i);
+      }
+    }
+  }
+  return -1;
+}
+
+// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest) and finite.
 Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
   const GgufTensorInfo* t = f.tensor(name);
   if (t == nullptr) return not_found("tensor '" + name + "' is missing from the model file");
@@ -28,7 +45,14 @@ Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& nam
     return invalid_argument("tensor '" + name + "' has shape [" + dims + "], expected [" + std::to_string(cols) +
                             (is_vector ? "" : ", " + std::to_string(rows)) + "] (ggml order)");
   }
-  return dequantize_tensor(f, *t);
+  BATON_ASSIGN_OR_RETURN(std::vector<float> values, dequantize_tensor(f, *t));
+  // A corrupt file (bytes overwritten, a bad scale) can dequantise to NaN or infinity: every
+  // logit would be NaN and every token 0. Refuse it here, naming the tensor.
+  if (const int64_t bad = first_non_finite(values); bad >= 0) {
+    return data_loss("tensor '" + name + "' holds a value that is not finite (NaN or infinity) at element " +
+                     std::to_string(bad) + " after dequantisation: the model file is corrupt");
+  }
+  return values;
 }
 
 // BATON_PROFILE=1: per-op wall time of every forward, summed and printed at exit (stderr). The

@@ -325,6 +325,25 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
 
   // TTFT does not wait for the KV: the first token goes out before the job reaches a sender (and
   // before on_done, which only a sender calls from here on).
+  // A prompt whose logits are not finite gets no first token: it ends INTERNAL, and its KV is
+  // not sent.
+  std::vector<std::shared_ptr<Job>> broken;
+  for (auto it = finished.begin(); it != finished.end();) {
+    if ((*it)->first_token != kNonFiniteLogits) {
+      ++it;
+      continue;
+    }
+    spdlog::error("req={}: the logits at position {} are not finite (NaN or infinity); ending it", (*it)->spec.request_id,
+                  (*it)->n_tokens());
+    broken.push_back(*it);
+    it = finished.erase(it);
+  }
+  for (const auto& job : broken) {
+    finish(job,
+           internal_error("prefill worker " + config_.name + ": the logits at position " + std::to_string(job->n_tokens()) +
+                          " are not finite (NaN or infinity); no token was produced"),
+           0, 0, /*was_sending=*/true);
+  }
   for (const auto& job : finished) {
     const double queue_s = seconds_between(job->submitted, job->started);
     const double prefill_s = seconds_between(job->started, done);

@@ -12,16 +12,10 @@ namespace {
 
 // Errors that say the worker (or the path to it) failed, not that the request is wrong: the
 // attempt fails over. Refusals (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, …),
-// deadlines and cancellations end the request instead.
+// deadlines and cancellations end the request instead, and so does INTERNAL: a worker that
+// answers at all and says INTERNAL (logits that are not finite, say) would say it again.
 bool is_worker_fault(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kUnavailable:
-    case StatusCode::kInternal:
-    case StatusCode::kDataLoss:
-      return true;
-    default:
-      return false;
-  }
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDataLoss;
 }
 
 // The decode stream: also a reservation the worker no longer knows (it restarted since Admit).

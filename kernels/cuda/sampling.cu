@@ -160,6 +160,15 @@ SortScratch carve(void* workspace, int rows, int vocab) {
   return s;
 }
 
+// out[row] = kNonFiniteLogits where the row holds a NaN or an infinity (after the token kernels,
+// on the same stream: it overrides their pick), as sample_logits does on the CPU.
+__global__ void mark_non_finite_kernel(const float* logits, int64_t ld, int vocab, int32_t* out) {
+  const float* row = logits + blockIdx.x * ld;
+  int bad = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) bad |= !isfinite(row[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) out[blockIdx.x] = kNonFiniteLogits;
+}
+
 }  // namespace
 
 size_t sample_workspace_bytes(int rows, int vocab) {
@@ -174,6 +183,8 @@ void sample_rows(const float* logits, int64_t ld, int rows, int vocab, const Sam
   if (rows == 0) return;
   if (!any_random) {
     argmax_kernel<<<rows, kThreads, 0, stream>>>(logits, ld, vocab, out_d);
+    CUDA_CHECK_LAUNCH();
+    mark_non_finite_kernel<<<rows, 256, 0, stream>>>(logits, ld, vocab, out_d);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -194,6 +205,8 @@ void sample_rows(const float* logits, int64_t ld, int rows, int vocab, const Sam
     pick_kernel<<<r, kPickThreads, 0, stream>>>(s.keys_out, s.ids_out, vocab, specs_d + r0, out_d + r0);
     CUDA_CHECK_LAUNCH();
   }
+  mark_non_finite_kernel<<<rows, 256, 0, stream>>>(logits, ld, vocab, out_d);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace baton::cuda

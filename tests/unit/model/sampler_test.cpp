@@ -120,3 +120,21 @@ TEST_CASE("a draw depends on the seed and the position only", "[sampler]") {
   CHECK(std::abs(cov_seed * 12) < 0.05);
   CHECK(sample_uniform(seed, 7) == sample_uniform(seed, 7));
 }
+
+TEST_CASE("a row with a NaN or an infinity yields no token, whatever the spec", "[sampler]") {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(300);
+  for (float& x : logits) x = nd(rng);
+  const SampleSpec greedy{}, sampled{0.8f, 0, 0.95f, 0.5};
+  CHECK(sample_logits(logits, greedy) >= 0);
+  CHECK(sample_logits(logits, sampled) >= 0);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    auto row = logits;
+    row[rng() % row.size()] = bad;
+    CHECK(sample_logits(row, greedy) == kNonFiniteLogits);
+    CHECK(sample_logits(row, sampled) == kNonFiniteLogits);
+    CHECK_FALSE(all_finite(row));
+  }
+  CHECK(all_finite(logits));
+}

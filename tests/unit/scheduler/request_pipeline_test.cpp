@@ -382,13 +382,14 @@ TEST_CASE("pipeline: an undisturbed request streams the model's output once and 
 }
 
 // Drives one request until the pipeline is in `state`, then applies `fault`.
-enum class Fault { kKillDecode, kKillPrefill, kDecodeError, kPrefillError, kAdmitError, kClientCancel };
+enum class Fault { kKillDecode, kKillPrefill, kDecodeError, kPrefillError, kAdmitError, kWorkerInternal, kClientCancel };
 
 const char* fault_name(Fault f) {
   switch (f) {
     case Fault::kKillDecode: return "kill decode worker";
     case Fault::kKillPrefill: return "kill prefill worker";
-    case Fault::kDecodeError: return "decode stream INTERNAL";
+    case Fault::kDecodeError: return "decode stream reset";
+    case Fault::kWorkerInternal: return "decode worker INTERNAL";
     case Fault::kPrefillError: return "prefill DATA_LOSS";
     case Fault::kAdmitError: return "admit UNAVAILABLE";
     case Fault::kClientCancel: return "client cancels";
@@ -400,8 +401,8 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
           "[pipeline]") {
   std::mt19937 rng(test_seed("pipeline state x fault"));
   const PipelineState states[] = {PipelineState::kAdmitting, PipelineState::kPrefilling, PipelineState::kDecoding};
-  const Fault faults[] = {Fault::kKillDecode, Fault::kKillPrefill, Fault::kDecodeError,
-                          Fault::kPrefillError, Fault::kAdmitError, Fault::kClientCancel};
+  const Fault faults[] = {Fault::kKillDecode,  Fault::kKillPrefill,     Fault::kDecodeError, Fault::kPrefillError,
+                          Fault::kAdmitError, Fault::kWorkerInternal, Fault::kClientCancel};
   int n_failed_over = 0;
   for (PipelineState target : states) {
     for (Fault fault : faults) {
@@ -440,7 +441,10 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
           break;
         }
         case Fault::kDecodeError:
-          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kStream, internal_error("decode step failed"));
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kStream, unavailable("stream reset"));
+          break;
+        case Fault::kWorkerInternal:
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kStream, internal_error("logits not finite"));
           break;
         case Fault::kPrefillError:
           applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kPrefill, data_loss("KV chunk checksum"));
@@ -456,8 +460,11 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
       w.run(&rng);
       REQUIRE(sink->n_end == 1);
       const auto ref = reference(prompt, 30, false);
-      if (fault == Fault::kClientCancel) {
-        CHECK(sink->status.code() == StatusCode::kCancelled);
+      if (fault == Fault::kClientCancel || fault == Fault::kWorkerInternal) {
+        // Ended, not failed over: a worker's INTERNAL would repeat on any other.
+        CHECK(sink->status.code() ==
+              (fault == Fault::kClientCancel ? StatusCode::kCancelled : StatusCode::kInternal));
+        CHECK(sink->failovers.empty());
         CHECK(std::equal(sink->tokens.begin(), sink->tokens.end(), ref.begin()));  // a prefix
       } else {
         CHECK(sink->status.ok());
@@ -554,7 +561,7 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
       } else if (dice < 30 && !w.workers.dead.empty()) {
         w.workers.dead.erase(w.workers.dead.begin());  // restarted (empty)
       } else if (dice < 36) {
-        const Status errs[] = {internal_error("worker step failed"), data_loss("KV checksum"),
+        const Status errs[] = {internal_error("logits not finite"), data_loss("KV checksum"),
                                unavailable("stream reset")};
         (void)w.workers.inject(rng, std::nullopt, errs[rng() % 3]);
       } else if (dice < 38) {
@@ -585,7 +592,7 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
         CHECK(r.sink->tokens == r.ref);
       } else {
         const auto code = r.sink->status.code();
-        CHECK((code == StatusCode::kUnavailable || code == StatusCode::kCancelled));
+        CHECK((code == StatusCode::kUnavailable || code == StatusCode::kCancelled || code == StatusCode::kInternal));
         if (code == StatusCode::kCancelled) CHECK(r.cancelled);
       }
     }
