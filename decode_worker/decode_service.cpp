@@ -1,5 +1,6 @@
 #include "decode_worker/decode_service.h"
 
+#include <algorithm>
 #include <spdlog/spdlog.h>
 
 #include <deque>
@@ -71,12 +72,16 @@ std::optional<DecodeClock::time_point> steady_deadline(std::chrono::system_clock
 // (OnDone deletes it).
 class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
  public:
-  StreamReactor(DecodeEngine& engine, grpc::CallbackServerContext* context, std::string request_id)
+  // The request ends at the Stream call's deadline, or `cap` from now, whichever is first.
+  StreamReactor(DecodeEngine& engine, grpc::CallbackServerContext* context, std::string request_id,
+                std::chrono::seconds cap)
       : engine_(engine), context_(context), request_id_(std::move(request_id)), outbox_(std::make_shared<Outbox>()) {
     outbox_->reactor = this;
     std::shared_ptr<Outbox> outbox = outbox_;
+    const auto capped = DecodeClock::now() + cap;
+    const auto asked = steady_deadline(context_->deadline());
     const Status st = engine_.attach(
-        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, steady_deadline(context_->deadline()));
+        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, asked ? std::min(*asked, capped) : capped);
     if (!st.ok()) {
       std::lock_guard lk(outbox_->mu);
       outbox_->final = to_grpc(st);
@@ -187,11 +192,12 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
   int64_t reserved = 0;
   DecodeAdmit admit = from_proto(*request);
   // Until a Stream attaches (which sets the request's real deadline), the reservation lives at
-  // most until the Admit call's deadline, or kAttachTimeout: a frontend that dies between Admit
-  // and Stream cannot hold blocks forever.
-  constexpr auto kAttachTimeout = std::chrono::seconds(60);
-  admit.deadline = steady_deadline(context->deadline());
-  if (!admit.deadline) admit.deadline = DecodeClock::now() + kAttachTimeout;
+  // most until the Admit call's deadline or the attach timeout, whichever is first: neither a
+  // frontend that dies between Admit and Stream nor a caller asking for a long deadline can hold
+  // blocks for long.
+  const auto attach_by = DecodeClock::now() + std::min<std::chrono::seconds>(std::chrono::seconds(60), max_request_);
+  const auto asked = steady_deadline(context->deadline());
+  admit.deadline = asked ? std::min(*asked, attach_by) : attach_by;
   const Status st = engine_.admit(admit, &reserved);
   if (st.ok()) response->set_reserved_blocks(reserved);
   auto* reactor = context->DefaultReactor();
@@ -201,7 +207,7 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
 
 grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Stream(grpc::CallbackServerContext* context,
                                                                  const v1::StreamRequest* request) {
-  return new StreamReactor(engine_, context, request->request_id());
+  return new StreamReactor(engine_, context, request->request_id(), max_request_);
 }
 
 grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,

@@ -16,6 +16,8 @@
 // copy into the engine's cache).
 #pragma once
 
+#include <chrono>
+
 #include <atomic>
 
 #include "baton/v1/worker.grpc.pb.h"
@@ -26,8 +28,12 @@ namespace baton {
 
 class DecodeService final : public baton::v1::DecodeWorker::CallbackService {
  public:
-  // Both must outlive the service.
-  DecodeService(DecodeEngine& engine, const Model& model) : engine_(engine), model_(model) {}
+  // Both must outlive the service. A request's blocks are held at most `max_request` from its
+  // Admit (whatever deadline the caller gives), and at most min(60 s, max_request) until a Stream
+  // attaches: a caller cannot park a reservation.
+  DecodeService(DecodeEngine& engine, const Model& model,
+                std::chrono::seconds max_request = std::chrono::seconds(3600))
+      : engine_(engine), model_(model), max_request_(max_request) {}
 
   // Reported in GetLoad: the frontend routes no new work here while set (graceful shutdown).
   void set_draining(bool draining) { draining_ = draining; }
@@ -46,6 +52,7 @@ class DecodeService final : public baton::v1::DecodeWorker::CallbackService {
  private:
   DecodeEngine& engine_;
   const Model& model_;
+  const std::chrono::seconds max_request_;
   std::atomic<bool> draining_{false};
 };
 

@@ -214,6 +214,15 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
       failover_locked(g, "decode_admit", Status(status.code(), "decode worker " + addr + ": " + status.message()));
       return true;
     }
+    if (status.code() == StatusCode::kResourceExhausted) {
+      // The worker is fuller than its last report said: wait in the queue for one with room
+      // (not a failover: nothing failed).
+      spdlog::debug("req={}: decode worker {} is full ({}); queued again", req_.label, addr, status.message());
+      deps_.registry->report_exhausted(addr);
+      abandon_attempt_locked(g);
+      submit_attempt_locked(g);
+      return true;
+    }
     end_locked(g, Status(status.code(), "decode worker " + addr + " refused the request: " + status.message()));
     return true;
   }

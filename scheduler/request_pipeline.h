@@ -14,6 +14,10 @@
 // client sees one stream with no token twice and none missing. After max_failovers the request
 // ends UNAVAILABLE with the history of what failed.
 //
+// A decode worker that refuses the Admit for lack of blocks (its last load report was too
+// optimistic: another frontend got there first) sends the request back to the queue as a new
+// attempt, not a failover.
+//
 // Other endings: a stop string (the sink says so), an end-of-sequence token, the decode worker's
 // last event, max_tokens reached, cancel() (client gone, deadline), a worker's refusal (INVALID_ARGUMENT,
 // RESOURCE_EXHAUSTED, …: not a fault, no failover), the scheduler failing the queued attempt.

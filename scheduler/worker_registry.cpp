@@ -99,6 +99,14 @@ void WorkerRegistry::report_failure(WorkerRole role, const std::string& address)
   if (Worker* w = find_locked(role, address)) ++w->n_consecutive_failures;
 }
 
+void WorkerRegistry::report_exhausted(const std::string& decode_address) {
+  std::lock_guard lock(mu_);
+  Worker* w = find_locked(WorkerRole::kDecode, decode_address);
+  if (w == nullptr || !w->has_report) return;
+  w->load.free_blocks = 0;
+  w->requested_at = std::max(w->requested_at, clock_.now());  // older answers no longer count
+}
+
 void WorkerRegistry::report_down(WorkerRole role, const std::string& address) {
   std::lock_guard lock(mu_);
   if (Worker* w = find_locked(role, address)) {

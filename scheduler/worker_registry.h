@@ -113,6 +113,10 @@ class WorkerRegistry {
   // unhealthy at once, until a load report requested after this says otherwise. A request
   // failing over must not be placed back onto it. Unknown addresses are ignored.
   void report_down(WorkerRole role, const std::string& address);
+  // A decode worker refused an Admit for lack of blocks (another frontend, or a caller outside
+  // this frontend, holds more than its last report says): treated as full until a load report
+  // requested after this one arrives, so the request is not placed there again at once.
+  void report_exhausted(const std::string& decode_address);
 
   // All workers of `role` sorted by address.
   std::vector<WorkerSnapshot> snapshot(WorkerRole role) const;

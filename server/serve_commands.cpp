@@ -63,6 +63,7 @@ struct ServeArgs {
   int prefill_token_budget = 2048;
   // decode
   int max_batch = 32;
+  int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;
   int n_decode_workers = 1;
@@ -251,7 +252,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   dc.name = name;
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
   r->engine->start();
-  r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model);
+  r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model, std::chrono::seconds(a.max_request_seconds));
   std::vector<grpc::Service*> services = {r->service.get()};
 #if BATON_WITH_CUDA_KV
   KvDeviceServiceConfig kc;
@@ -501,6 +502,10 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")
       ->check(CLI::Range(1, 1 << 20))
       ->envname("BATON_PREFILL_TOKEN_BUDGET");
+  c->add_option("--max-request-seconds", a.max_request_seconds,
+                "Decode: longest a request may hold KV blocks, whatever deadline it asks for (DEADLINE_EXCEEDED after)")
+      ->check(CLI::Range(1, 7 * 24 * 3600))
+      ->envname("BATON_MAX_REQUEST_SECONDS");
   c->add_option("--max-batch", a.max_batch, "Decode: most sequences per step")
       ->check(CLI::Range(1, 4096))
       ->envname("BATON_MAX_BATCH");

@@ -382,7 +382,16 @@ TEST_CASE("pipeline: an undisturbed request streams the model's output once and 
 }
 
 // Drives one request until the pipeline is in `state`, then applies `fault`.
-enum class Fault { kKillDecode, kKillPrefill, kDecodeError, kPrefillError, kAdmitError, kWorkerInternal, kClientCancel };
+enum class Fault {
+  kKillDecode,
+  kKillPrefill,
+  kDecodeError,
+  kPrefillError,
+  kAdmitError,
+  kAdmitFull,
+  kWorkerInternal,
+  kClientCancel
+};
 
 const char* fault_name(Fault f) {
   switch (f) {
@@ -392,6 +401,7 @@ const char* fault_name(Fault f) {
     case Fault::kWorkerInternal: return "decode worker INTERNAL";
     case Fault::kPrefillError: return "prefill DATA_LOSS";
     case Fault::kAdmitError: return "admit UNAVAILABLE";
+    case Fault::kAdmitFull: return "admit RESOURCE_EXHAUSTED";
     case Fault::kClientCancel: return "client cancels";
   }
   return "?";
@@ -401,8 +411,8 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
           "[pipeline]") {
   std::mt19937 rng(test_seed("pipeline state x fault"));
   const PipelineState states[] = {PipelineState::kAdmitting, PipelineState::kPrefilling, PipelineState::kDecoding};
-  const Fault faults[] = {Fault::kKillDecode,  Fault::kKillPrefill,     Fault::kDecodeError, Fault::kPrefillError,
-                          Fault::kAdmitError, Fault::kWorkerInternal, Fault::kClientCancel};
+  const Fault faults[] = {Fault::kKillDecode, Fault::kKillPrefill, Fault::kDecodeError,    Fault::kPrefillError,
+                          Fault::kAdmitError, Fault::kAdmitFull,   Fault::kWorkerInternal, Fault::kClientCancel};
   int n_failed_over = 0;
   for (PipelineState target : states) {
     for (Fault fault : faults) {
@@ -452,6 +462,9 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
         case Fault::kAdmitError:
           applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kAdmit, unavailable("connection refused"));
           break;
+        case Fault::kAdmitFull:
+          applicable = w.workers.inject(rng, FakeWorkers::Call::Kind::kAdmit, resource_exhausted("no free blocks"));
+          break;
         case Fault::kClientCancel:
           p->cancel(cancelled("the client cancelled the request"));
           break;
@@ -466,6 +479,11 @@ TEST_CASE("pipeline: every failure in every state fails over, or ends as it must
               (fault == Fault::kClientCancel ? StatusCode::kCancelled : StatusCode::kInternal));
         CHECK(sink->failovers.empty());
         CHECK(std::equal(sink->tokens.begin(), sink->tokens.end(), ref.begin()));  // a prefix
+      } else if (fault == Fault::kAdmitFull) {
+        // Queued again until a worker has room: the same output, and no failover.
+        CHECK(sink->status.ok());
+        CHECK(sink->tokens == ref);
+        CHECK(sink->outcome.failovers == 0);
       } else {
         CHECK(sink->status.ok());
         CHECK(sink->tokens == ref);
