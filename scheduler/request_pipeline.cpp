@@ -107,6 +107,11 @@ void RequestPipeline::report_fault(WorkerRole role, const std::string& address, 
   }
 }
 
+Status RequestPipeline::with_history(const Status& status) const {
+  if (history_.empty()) return status;
+  return Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")");
+}
+
 double RequestPipeline::since_arrival(TimePoint t) const {
   return std::chrono::duration<double>(t - req_.arrival).count();
 }
@@ -163,8 +168,7 @@ void RequestPipeline::on_submitted(int32_t attempt, const std::string& id, const
   }
   if (status.ok()) return;
   attempt_.handed_to_scheduler = false;  // refused: the scheduler holds nothing of it
-  end_locked(g, history_.empty() ? status
-                                 : Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")"));
+  end_locked(g, with_history(status));
 }
 
 void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
@@ -174,7 +178,6 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
     g.after([s = deps_.scheduler, id = placement.request_id] { s->finished(id); });
     return;
   }
-  attempt_.placed = true;
   attempt_.placement = placement;
   state_ = PipelineState::kAdmitting;
   AdmitCall call;
@@ -199,8 +202,7 @@ void RequestPipeline::on_queue_failed(int32_t attempt, const Status& status) {
   Guard g(*this);
   if (!current(attempt)) return;
   attempt_.handed_to_scheduler = false;  // the scheduler forgot it
-  end_locked(g, history_.empty() ? status
-                                 : Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")"));
+  end_locked(g, with_history(status));
 }
 
 bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {

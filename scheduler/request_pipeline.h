@@ -130,7 +130,6 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
     int32_t number = -1;
     std::string id;
     bool handed_to_scheduler = false;
-    bool placed = false;
     Placement placement;
     bool admitted = false;            // the decode worker holds a reservation under `id`
     WorkerCall* prefill = nullptr;    // open calls (valid until their done runs)
@@ -164,6 +163,8 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   void abandon_attempt_locked(Guard& g);
   void end_locked(Guard& g, const Status& status);
   void report_fault(WorkerRole role, const std::string& address, const Status& status);
+  // `status` with the failed attempts before it, when there were any.
+  Status with_history(const Status& status) const;
   double since_arrival(TimePoint t) const;
 
   const PipelineDeps deps_;

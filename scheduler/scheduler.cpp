@@ -13,10 +13,6 @@ std::string seconds_string(std::chrono::nanoseconds d) {
   return buf;
 }
 
-bool any_placeable(const std::vector<WorkerSnapshot>& workers) {
-  return std::any_of(workers.begin(), workers.end(), [](const WorkerSnapshot& w) { return w.can_place(); });
-}
-
 // `workers` without those in `avoid`.
 std::vector<WorkerSnapshot> without(const std::vector<WorkerSnapshot>& workers, const std::vector<std::string>& avoid) {
   std::vector<WorkerSnapshot> out;

@@ -99,6 +99,10 @@ void WorkerRegistry::report_failure(WorkerRole role, const std::string& address)
   if (Worker* w = find_locked(role, address)) ++w->n_consecutive_failures;
 }
 
+bool any_placeable(const std::vector<WorkerSnapshot>& workers) {
+  return std::any_of(workers.begin(), workers.end(), [](const WorkerSnapshot& w) { return w.can_place(); });
+}
+
 void WorkerRegistry::report_exhausted(const std::string& decode_address) {
   std::lock_guard lock(mu_);
   Worker* w = find_locked(WorkerRole::kDecode, decode_address);

@@ -89,6 +89,9 @@ struct WorkerSnapshot {
   int64_t outstanding_prompt_tokens() const { return load.queued_prompt_tokens + unreported_prompt_tokens; }
 };
 
+// Whether any of `workers` may take new work (WorkerSnapshot::can_place).
+bool any_placeable(const std::vector<WorkerSnapshot>& workers);
+
 class WorkerRegistry {
  public:
   WorkerRegistry(WorkerRegistryConfig config, const Clock& clock);  // config must validate()

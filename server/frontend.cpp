@@ -122,13 +122,8 @@ void Frontend::on_poll() {
 }
 
 void Frontend::update_health_locked() {
-  auto healthy = [this](WorkerRole role) {
-    for (const WorkerSnapshot& w : registry_->snapshot(role)) {
-      if (w.can_place()) return true;
-    }
-    return false;
-  };
-  const bool prefill = healthy(WorkerRole::kPrefill), decode = healthy(WorkerRole::kDecode);
+  const bool prefill = any_placeable(registry_->snapshot(WorkerRole::kPrefill));
+  const bool decode = any_placeable(registry_->snapshot(WorkerRole::kDecode));
   const bool serving = !draining_ && prefill && decode;
   if (serving_ == serving) return;
   if (serving_.has_value() || !serving) {
