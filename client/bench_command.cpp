@@ -31,7 +31,7 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 constexpr int kMinPromptId = 100;
 
 struct BenchArgs {
-  std::string address = "127.0.0.1:50051";
+  Connection connection;
   std::string model;  // "": the served model
   int n_requests = 64;
   int concurrency = 0;
@@ -51,9 +51,11 @@ class LoadRunner;
 // It timestamps every token-carrying message on the gRPC callback thread that delivers it.
 class BenchCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
-  BenchCall(LoadRunner* runner, const v1::GenerateRequest* request, RequestSample* sample, double timeout)
+  BenchCall(LoadRunner* runner, const v1::GenerateRequest* request, RequestSample* sample, double timeout,
+            const Connection& connection)
       : runner_(runner), request_(request), sample_(sample) {
     set_timeout(context_, timeout);
+    authorize(context_, connection);
   }
 
   void start(v1::Generation::Stub* stub) {
@@ -115,7 +117,9 @@ class LoadRunner {
     uint64_t seed = 0;      // arrival times
   };
 
-  LoadRunner(v1::Generation::Stub* stub, double timeout) : stub_(stub), timeout_(timeout) {}
+  // `connection` (its API key) must outlive the runner.
+  LoadRunner(v1::Generation::Stub* stub, double timeout, const Connection& connection)
+      : stub_(stub), timeout_(timeout), connection_(connection) {}
 
   // Sends requests[i] and records it into (*samples)[i]. Returns when every sent request has
   // finished; `samples` then holds the sent ones only (fewer after cancel_all()).
@@ -138,7 +142,7 @@ class LoadRunner {
         cv_.wait(lock, [&] { return stopping_ || n_in_flight_ < bound; });
       }
       if (stopping_) break;
-      auto* call = new BenchCall(this, &requests[i], &(*samples)[i], timeout_);
+      auto* call = new BenchCall(this, &requests[i], &(*samples)[i], timeout_, connection_);
       calls_.insert(call);
       ++n_in_flight_;
       if (n_sent++ == 0) first_sent_ = Clock::now();
@@ -180,6 +184,7 @@ class LoadRunner {
  private:
   v1::Generation::Stub* stub_;
   double timeout_;
+  const Connection& connection_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<BenchCall*> calls_;  // in flight; guarded by mu_
@@ -223,17 +228,21 @@ std::vector<v1::GenerateRequest> make_requests(int n, const BenchArgs& a, const 
 }
 
 int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
-  auto stub = v1::Generation::NewStub(make_channel(a.address));
+  std::string error;
+  auto channel = make_channel(a.connection, &error);
+  if (!channel) return fail(kExitUsage, error);
+  auto stub = v1::Generation::NewStub(channel);
 
   v1::ListModelsResponse models;
   {
     grpc::ClientContext context;
     set_timeout(context, a.timeout > 0 ? a.timeout : 30);
+    authorize(context, a.connection);
     interrupts.on_interrupt([&context] { context.TryCancel(); });
     const grpc::Status status = stub->ListModels(&context, v1::ListModelsRequest{}, &models);
     interrupts.on_interrupt(nullptr);
     if (interrupts.interrupted()) return fail(kExitInterrupted, "interrupted");
-    if (!status.ok()) return fail(kExitFailure, "ListModels on " + a.address + ": " + status_to_string(status));
+    if (!status.ok()) return fail(kExitFailure, "ListModels on " + a.connection.address + ": " + status_to_string(status));
   }
   const v1::ModelInfo* model = nullptr;
   std::string served;
@@ -262,19 +271,19 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
   LoadRunner::Load load{a.concurrency, a.rate, a.max_in_flight, a.seed};
   std::vector<RequestSample> samples;
   if (!warmup.empty()) {
-    LoadRunner runner(stub.get(), a.timeout);
+    LoadRunner runner(stub.get(), a.timeout, a.connection);
     interrupts.on_interrupt([&runner] { runner.cancel_all(); });
     runner.run(warmup, load, &samples);
     interrupts.on_interrupt(nullptr);
     if (interrupts.interrupted()) return fail(kExitInterrupted, "interrupted during warm-up");
   }
-  LoadRunner runner(stub.get(), a.timeout);
+  LoadRunner runner(stub.get(), a.timeout, a.connection);
   interrupts.on_interrupt([&runner] { runner.cancel_all(); });
   runner.run(measured, load, &samples);
   interrupts.on_interrupt(nullptr);
 
   BenchConfig config;
-  config.address = a.address;
+  config.address = a.connection.address;
   config.model = model->name();
   config.n_requests = a.n_requests;
   config.concurrency = a.concurrency;
@@ -312,7 +321,7 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
 void add_bench_command(CLI::App& app, std::function<int(InterruptWatcher&)>* run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* b = app.add_subcommand("bench", "Load-test a baton frontend and summarise latencies");
-  b->add_option("--address", a->address, "Frontend host:port")->capture_default_str()->envname("BATONCTL_ADDRESS");
+  add_connection_flags(b, a->connection);
   b->add_option("--model", a->model, "Model name as ListModels reports it (default: the served model)")
       ->envname("BATONCTL_MODEL");
   b->add_option("--requests", a->n_requests, "Measured requests")->capture_default_str()->check(CLI::PositiveNumber);

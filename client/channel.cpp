@@ -5,12 +5,36 @@
 
 namespace baton::ctl {
 
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+void add_connection_flags(CLI::App* command, Connection& c) {
+  command->add_option("--address", c.address, "Frontend host:port")->capture_default_str()->envname("BATONCTL_ADDRESS");
+  command->add_option("--tls-ca", c.tls.ca, "PEM CA that signed the frontend's certificate (connect over TLS)")
+      ->envname("BATONCTL_TLS_CA");
+  command->add_option("--tls-cert", c.tls.cert, "PEM client certificate, for a frontend that asks for one (mTLS)")
+      ->envname("BATONCTL_TLS_CERT");
+  command->add_option("--tls-key", c.tls.key, "PEM private key of --tls-cert")->envname("BATONCTL_TLS_KEY");
+  command->add_option("--tls-server-name", c.server_name,
+                      "Name the frontend's certificate must carry (default: the host of --address)")
+      ->envname("BATONCTL_TLS_SERVER_NAME");
+  command->add_option("--api-key", c.api_key, "API key of the frontend's --api-key-file (prefer the env var)")
+      ->envname("BATONCTL_API_KEY");
+}
+
+std::shared_ptr<grpc::Channel> make_channel(const Connection& c, std::string* error) {
+  auto credentials = client_channel_credentials(c.tls);
+  if (!credentials.ok()) {
+    *error = credentials.status().message();
+    return nullptr;
+  }
   grpc::ChannelArguments args;
   // Token streams are small messages; the default 4 MiB limit is plenty, but a long prompt's
   // final message must not be refused on the way back either.
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!c.server_name.empty()) args.SetSslTargetNameOverride(c.server_name);
+  return grpc::CreateCustomChannel(c.address, *credentials, args);
+}
+
+void authorize(grpc::ClientContext& context, const Connection& c) {
+  if (!c.api_key.empty()) context.AddMetadata("authorization", "Bearer " + c.api_key);
 }
 
 const char* status_code_name(grpc::StatusCode code) {

@@ -1,11 +1,14 @@
-// What both batonctl commands need to talk to a frontend: the channel, gRPC status codes by
-// name, deadlines, and the process exit codes.
+// What both batonctl commands need to talk to a frontend: the connection flags and channel
+// (TLS, API key), gRPC status codes by name, deadlines, and the process exit codes.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <string>
+
+#include "common/tls.h"
 
 namespace baton::ctl {
 
@@ -15,8 +18,23 @@ constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitInterrupted = 130;
 
-// An insecure channel to host:port (the frontend is plain gRPC, like every baton endpoint).
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
+// Where the frontend is and how to prove who we are.
+struct Connection {
+  std::string address = "127.0.0.1:50051";
+  TlsFiles tls;             // --tls-ca (TLS: the CA that signed the frontend's certificate), --tls-cert/--tls-key
+  std::string server_name;  // --tls-server-name: the name the frontend's certificate must carry (default: the host)
+  std::string api_key;      // sent as 'authorization: Bearer <key>'
+};
+
+// --address, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --api-key (and their env vars).
+void add_connection_flags(CLI::App* command, Connection& c);
+
+// A channel to the frontend: TLS when a --tls-* file is given, plaintext otherwise. nullptr and
+// `*error` (naming the flag) when a file cannot be used.
+std::shared_ptr<grpc::Channel> make_channel(const Connection& c, std::string* error);
+
+// Adds the API key (when given) to a call's metadata.
+void authorize(grpc::ClientContext& context, const Connection& c);
 
 // "UNAVAILABLE", "DEADLINE_EXCEEDED", ...: the canonical names, as grpcurl and the docs spell them.
 const char* status_code_name(grpc::StatusCode code);

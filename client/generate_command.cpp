@@ -17,7 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct GenerateArgs {
-  std::string address = "127.0.0.1:50051";
+  Connection connection;
   std::string model;  // "": the served model
   std::string prompt;
   std::string chat;
@@ -125,9 +125,13 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
   request.set_ignore_eos(a.ignore_eos);
   request.set_priority(a.priority);
 
-  auto stub = v1::Generation::NewStub(make_channel(a.address));
+  std::string error;
+  auto channel = make_channel(a.connection, &error);
+  if (!channel) return fail(kExitUsage, error);
+  auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
   set_timeout(context, a.timeout);
+  authorize(context, a.connection);
   // Ctrl-C cancels the call: the frontend stops the workers and frees the request's KV.
   interrupts.on_interrupt([&context] { context.TryCancel(); });
 
@@ -183,7 +187,7 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
 void add_generate_command(CLI::App& app, std::function<int(InterruptWatcher&)>* run) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* g = app.add_subcommand("generate", "Stream one completion from a baton frontend");
-  g->add_option("--address", a->address, "Frontend host:port")->capture_default_str()->envname("BATONCTL_ADDRESS");
+  add_connection_flags(g, a->connection);
   g->add_option("--model", a->model, "Model name as ListModels reports it (default: the served model)")
       ->envname("BATONCTL_MODEL");
   auto* prompt = g->add_option("--prompt", a->prompt, "Raw prompt text");

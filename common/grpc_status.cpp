@@ -17,6 +17,7 @@ grpc::Status to_grpc(const Status& s) {
     case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
     case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
     case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    case StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
   }
   return grpc::Status(code, s.message());
 }
@@ -34,6 +35,7 @@ Status from_grpc(const grpc::Status& s) {
     case grpc::StatusCode::UNAVAILABLE: return {StatusCode::kUnavailable, s.error_message()};
     case grpc::StatusCode::FAILED_PRECONDITION: return {StatusCode::kFailedPrecondition, s.error_message()};
     case grpc::StatusCode::PERMISSION_DENIED: return {StatusCode::kPermissionDenied, s.error_message()};
+    case grpc::StatusCode::UNAUTHENTICATED: return {StatusCode::kUnauthenticated, s.error_message()};
     default: return {StatusCode::kInternal, s.error_message()};
   }
 }

@@ -23,6 +23,7 @@ enum class StatusCode {
   kUnavailable,         // no healthy worker / a peer is down: retry later
   kFailedPrecondition,  // the system is not in a state to do this (model mismatch, not admitted)
   kPermissionDenied,    // the caller may not ask for this (a priority above what it may raise to)
+  kUnauthenticated,     // the caller did not prove who it is (no or a wrong API key)
 };
 
 const char* status_code_name(StatusCode code);
@@ -54,6 +55,7 @@ inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineEx
 inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 inline Status permission_denied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+inline Status unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value of type T or a non-ok Status.

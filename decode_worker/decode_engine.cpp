@@ -182,13 +182,26 @@ Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
   return {};
 }
 
-Status DecodeEngine::attach(const std::string& id, DecodeSink sink, std::optional<DecodeClock::time_point> deadline) {
+namespace {
+
+// Stream and Release for a request come from the peer that admitted it, or not at all.
+Status check_owner(const std::string& id, const std::string& admitted_by, const std::string& caller) {
+  if (admitted_by.empty() || caller == admitted_by) return {};
+  return permission_denied("request " + id + " was admitted by another peer (" + admitted_by +
+                           "); Stream and Release are honoured only from the peer that admitted it");
+}
+
+}  // namespace
+
+Status DecodeEngine::attach(const std::string& id, DecodeSink sink, std::optional<DecodeClock::time_point> deadline,
+                            const std::string& owner) {
   BATON_CHECK(sink != nullptr, "attach needs a sink");
   {
     std::lock_guard lk(mu_);
     if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
     SeqPtr seq = find_locked(id);
     if (!seq) return not_found("request " + id + " is not admitted on decode worker " + config_.name);
+    BATON_RETURN_IF_ERROR(check_owner(id, seq->admit.owner, owner));
     if (seq->sink) return failed_precondition("request " + id + " already has a stream attached");
     seq->sink = std::move(sink);
     if (deadline) seq->admit.deadline = deadline;
@@ -214,11 +227,12 @@ void DecodeEngine::cancel(const std::string& id, const Status& why) {
   cv_.notify_one();
 }
 
-void DecodeEngine::release(const std::string& id) {
+Status DecodeEngine::release(const std::string& id, const std::string& owner) {
   {
     std::lock_guard lk(mu_);
     SeqPtr seq = find_locked(id);
-    if (!seq) return;
+    if (!seq) return {};
+    BATON_RETURN_IF_ERROR(check_owner(id, seq->admit.owner, owner));
     const Status why = cancelled("request " + id + "'s reservation was released");
     if (seq->state == SeqState::kRunning) {
       if (!seq->cancel_why) seq->cancel_why = why;
@@ -232,6 +246,7 @@ void DecodeEngine::release(const std::string& id) {
     update_gauges_locked();
   }
   cv_.notify_one();
+  return {};
 }
 
 DecodeLoad DecodeEngine::load() const {

@@ -71,6 +71,9 @@ struct DecodeAdmit {
   bool ignore_eos = false;                          // keep going past stop ids
   std::string model_fingerprint;                    // the frontend's view of the model: must be ours
   std::optional<DecodeClock::time_point> deadline;  // the request ends DEADLINE_EXCEEDED after it
+  // Who admitted it (common/tls.h's peer_identity): when set, attach and release are honoured
+  // only from the same owner. "" = no check (in-process callers).
+  std::string owner;
 };
 
 // One event of a request's stream. token_ids are new tokens (tokens 2..N: the first token reached
@@ -117,16 +120,17 @@ class DecodeEngine final : public KvReceiver {
   Status admit(const DecodeAdmit& request, int64_t* reserved_blocks = nullptr);
   // Subscribes the request's stream. `deadline` (the Stream call's) replaces the admitted one when
   // set. NOT_FOUND for an unknown (or already finished and delivered) id, FAILED_PRECONDITION when
-  // a sink is attached already.
+  // a sink is attached already, PERMISSION_DENIED when `owner` is not who admitted it.
   Status attach(const std::string& request_id, DecodeSink sink,
-                std::optional<DecodeClock::time_point> deadline = std::nullopt);
+                std::optional<DecodeClock::time_point> deadline = std::nullopt, const std::string& owner = "");
   // Ends the request with `why` (CANCELLED / DEADLINE_EXCEEDED): a running sequence leaves the
   // batch at the next step boundary; its blocks are freed; an attached sink gets a final event.
   // Unknown ids are ignored.
   void cancel(const std::string& request_id, const Status& why);
   // Drops a reservation whose KV will never arrive (prefill failed); no final event. Unknown ids
-  // are ignored; a request already generating is cancelled instead.
-  void release(const std::string& request_id);
+  // are ignored; a request already generating is cancelled instead. PERMISSION_DENIED (and nothing
+  // done) when `owner` is not who admitted it.
+  Status release(const std::string& request_id, const std::string& owner = "");
 
   DecodeLoad load() const;
   const DecodeConfig& config() const { return config_; }

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "kv/tcp/tcp_transport.h"
 #include "proto/convert.h"
 
@@ -74,14 +75,15 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
  public:
   // The request ends at the Stream call's deadline, or `cap` from now, whichever is first.
   StreamReactor(DecodeEngine& engine, grpc::CallbackServerContext* context, std::string request_id,
-                std::chrono::seconds cap)
+                std::chrono::seconds cap, const std::string& owner)
       : engine_(engine), context_(context), request_id_(std::move(request_id)), outbox_(std::make_shared<Outbox>()) {
     outbox_->reactor = this;
     std::shared_ptr<Outbox> outbox = outbox_;
     const auto capped = DecodeClock::now() + cap;
     const auto asked = steady_deadline(context_->deadline());
     const Status st = engine_.attach(
-        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, asked ? std::min(*asked, capped) : capped);
+        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, asked ? std::min(*asked, capped) : capped,
+        owner);
     if (!st.ok()) {
       std::lock_guard lk(outbox_->mu);
       outbox_->final = to_grpc(st);
@@ -198,6 +200,7 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
   const auto attach_by = DecodeClock::now() + std::min<std::chrono::seconds>(std::chrono::seconds(60), max_request_);
   const auto asked = steady_deadline(context->deadline());
   admit.deadline = asked ? std::min(*asked, attach_by) : attach_by;
+  admit.owner = peer_identity(*context);
   const Status st = engine_.admit(admit, &reserved);
   if (st.ok()) response->set_reserved_blocks(reserved);
   auto* reactor = context->DefaultReactor();
@@ -207,14 +210,14 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
 
 grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Stream(grpc::CallbackServerContext* context,
                                                                  const v1::StreamRequest* request) {
-  return new StreamReactor(engine_, context, request->request_id(), max_request_);
+  return new StreamReactor(engine_, context, request->request_id(), max_request_, peer_identity(*context));
 }
 
 grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,
                                                  const v1::ReleaseRequest* request, v1::ReleaseResponse* response) {
-  engine_.release(request->request_id());
+  const Status st = engine_.release(request->request_id(), peer_identity(*context));
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(to_grpc(st));
   return reactor;
 }
 

@@ -16,7 +16,7 @@ std::shared_ptr<grpc::Channel> KvChannelCache::get(const std::string& address) {
   // reconnect backoff grows to two minutes, during which fail-fast calls are refused at once).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(address, credentials_, args);
   channels_.emplace(address, channel);
   return channel;
 }

@@ -26,15 +26,15 @@ build_packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev prometheus-cpp-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcli11-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev libssl-dev
 )
 # The developer's tools around the build: ccache, Debian's python3 for the venv (a minimal system
 # has none, and PEP 668 forbids pip outside a venv), certificates and curl for the registries.
 tool_packages=(ccache python3 python3-venv ca-certificates curl)
 # Only for the tests: Catch2, clang and its runtimes (libFuzzer, sanitizers: libclang-rt-14-dev,
 # which clang only recommends) for the fuzz target, Prometheus and promtool, iproute2
-# and procps for the process and network tests.
-test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps)
+# and procps for the process and network tests, openssl to make the TLS tests' certificates.
+test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps openssl)
 
 packages=("${build_packages[@]}" "${tool_packages[@]}")
 ((with_tests)) && packages+=("${test_packages[@]}")

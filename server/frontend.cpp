@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/grpc_status.h"
+
 namespace baton {
 
 namespace {
@@ -63,6 +65,8 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->context_.name = config.name;
   fe->context_.live_calls = &fe->live_calls_;
   fe->context_.draining = &fe->draining_;
+  fe->api_keys_ = config.api_keys;
+  fe->context_.api_keys = fe->api_keys_.get();
   if (metrics != nullptr) {
     // Create the request-level series at start-up (at zero), so that rate() over them counts the
     // first requests after a start too.
@@ -153,8 +157,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Frontend::Generate(grpc::CallbackSer
 
 grpc::ServerUnaryReactor* Frontend::ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
                                                v1::ListModelsResponse* response) {
-  *response->add_models() = model_info(model_);
   auto* reactor = context->DefaultReactor();
+  if (api_keys_) {
+    if (Status st = api_keys_->check(*context); !st.ok()) {
+      reactor->Finish(to_grpc(st));
+      return reactor;
+    }
+  }
+  *response->add_models() = model_info(model_);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "baton/v1/generate.grpc.pb.h"
+#include "common/api_keys.h"
 #include "common/metrics.h"
 #include "model/gguf.h"
 #include "scheduler/scheduler.h"
@@ -29,6 +30,7 @@ struct FrontendConfig {
   SchedulerConfig scheduler;  // admission bounds
   PipelineConfig pipeline;    // failover bound
   WorkerRegistryConfig registry;
+  std::shared_ptr<ApiKeys> api_keys;  // null: the public API needs no key
 };
 
 // Generate is the raw method: generate_call.h says why.
@@ -71,6 +73,7 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<GrpcWorkerClient> client_;
+  std::shared_ptr<ApiKeys> api_keys_;
   std::atomic<int64_t> live_calls_{0};
   std::atomic<bool> draining_{false};
   FrontendContext context_;

@@ -5,12 +5,24 @@
 
 #include "common/check.h"
 #include "common/grpc_status.h"
+#include "proto/utf8_fields.h"
 #include "server/text_stream.h"
 
 namespace baton {
 namespace {
 
 using SteadyTime = std::chrono::steady_clock;
+
+// Why a GenerateRequest did not parse: the field that is not UTF-8, when that is it.
+std::string malformed_request_message(const grpc::ByteBuffer& bytes) {
+  grpc::Slice slice;
+  std::string raw;
+  if (bytes.DumpToSingleSlice(&slice).ok()) raw.assign(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  if (auto field = first_non_utf8_field(*v1::GenerateRequest::descriptor(), raw)) {
+    return "field '" + *field + "' is not valid UTF-8: send text as UTF-8";
+  }
+  return "the request is not a valid baton.v1.GenerateRequest (malformed protobuf bytes)";
+}
 
 grpc::ByteBuffer serialize(const v1::GenerateResponse& msg) {
   grpc::ByteBuffer bytes;
@@ -83,12 +95,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 };
 
 void GenerateCall::start(const grpc::ByteBuffer& bytes) {
+  if (fc_.api_keys != nullptr) {
+    if (Status st = fc_.api_keys->check(*server_ctx_); !st.ok()) {
+      refuse(st);
+      return;
+    }
+  }
   v1::GenerateRequest request;
   grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
   if (!grpc::SerializationTraits<v1::GenerateRequest>::Deserialize(&copy, &request).ok()) {
-    refuse(invalid_argument(
-        "the request is not a valid baton.v1.GenerateRequest: malformed protobuf bytes, or a string field "
-        "(prompt, messages, stop, model, request_id) that is not valid UTF-8"));
+    refuse(invalid_argument(malformed_request_message(bytes)));
     return;
   }
   if (fc_.draining != nullptr && fc_.draining->load()) {

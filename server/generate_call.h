@@ -19,6 +19,7 @@
 #include <string>
 
 #include "baton/v1/generate.pb.h"
+#include "common/api_keys.h"
 #include "common/metrics.h"
 #include "scheduler/request_pipeline.h"
 #include "server/request_spec.h"
@@ -33,6 +34,7 @@ struct FrontendContext {
   std::string name;            // this frontend's listen address (metric label)
   std::atomic<int64_t>* live_calls = nullptr;  // GenerateCalls alive (stop() waits for zero)
   std::atomic<bool>* draining = nullptr;  // true: refuse new requests with UNAVAILABLE
+  ApiKeys* api_keys = nullptr;            // null: no key needed; else UNAUTHENTICATED without one
 };
 
 class GenerateCall;

@@ -10,14 +10,17 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <string>
 #include <vector>
 
+#include "common/api_keys.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/progress.h"
+#include "common/tls.h"
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "kv/tcp/tcp_transport.h"
@@ -71,6 +74,20 @@ struct ServeArgs {
   std::string log_format = "text";
   std::string name;  // metric `worker` label and log name; "" = the listen address
   int drain_timeout = 30;  // seconds in-flight work may take after SIGTERM
+  // Security (common/tls.h, common/api_keys.h)
+  TlsFiles public_tls;    // frontend: --tls-cert, --tls-key, --tls-client-ca
+  TlsFiles internal_tls;  // every role: --internal-tls-cert, --internal-tls-key, --internal-tls-ca
+  int tls_refresh_seconds = 60;  // how often certificate files are looked at again
+  std::string api_key_file;      // frontend: "" = no API keys
+  std::string health_listen;     // "" = health on the main listener only
+  bool insecure = false;         // allow listening beyond loopback without authentication
+};
+
+// What a role's endpoints are secured with, made once from the flags.
+struct Security {
+  PlaneCredentials internal;                                 // worker servers and every channel to a worker
+  std::shared_ptr<grpc::ServerCredentials> public_server;    // the frontend's listener
+  std::shared_ptr<ApiKeys> api_keys;                         // null: none required
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -111,20 +128,22 @@ Status check_kv_transport(const std::string& transport) {
 }
 
 // The prefill role's sender; check_kv_transport passed.
-std::unique_ptr<KvTransport> make_kv_transport(const ServeArgs& a) {
+std::unique_ptr<KvTransport> make_kv_transport(const ServeArgs& a, const Security& sec) {
 #if BATON_WITH_CUDA_KV
   if (a.kv_transport == "cuda_ipc") {
     CudaIpcKvConfig c;
     c.device = kv_cuda_device(a.device);
+    c.credentials = sec.internal.channel;
     return std::make_unique<CudaIpcKvTransport>(c);
   }
   if (a.kv_transport == "nccl") {
     NcclKvConfig c;
     c.device = kv_cuda_device(a.device);
+    c.credentials = sec.internal.channel;
     return std::make_unique<NcclKvTransport>(c);
   }
 #endif
-  return std::make_unique<TcpKvTransport>();
+  return std::make_unique<TcpKvTransport>(sec.internal.channel);
 }
 
 // A loaded model with its own backend (Model::forward is not reentrant: one per engine).
@@ -165,6 +184,7 @@ class RpcServer {
   // `max_message_bytes` bounds what one received message may hold (gRPC refuses a larger one
   // with RESOURCE_EXHAUSTED before it is parsed).
   static Result<std::unique_ptr<RpcServer>> start(const std::string& listen, const std::vector<grpc::Service*>& services,
+                                                  std::shared_ptr<grpc::ServerCredentials> credentials,
                                                   int max_message_bytes = kMaxInternalMessageBytes) {
     static const bool plugins = [] {
       grpc::EnableDefaultHealthCheckService(true);
@@ -174,7 +194,7 @@ class RpcServer {
     (void)plugins;
     auto s = std::unique_ptr<RpcServer>(new RpcServer());
     grpc::ServerBuilder b;
-    b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+    b.AddListeningPort(listen, std::move(credentials), &s->port_);
     b.SetMaxReceiveMessageSize(max_message_bytes);
     b.SetMaxSendMessageSize(kMaxInternalMessageBytes);
     for (grpc::Service* svc : services) b.RegisterService(svc);
@@ -183,15 +203,43 @@ class RpcServer {
     s->server_->GetHealthCheckService()->SetServingStatus(true);
     return s;
   }
+  // A second, plaintext server at `address` that serves grpc.health.v1 only, reporting what this
+  // one reports: kubelet's native gRPC probes speak no TLS, and the status is all it shows.
+  Status add_health_listener(const std::string& address) {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+    health_server_ = b.BuildAndStart();
+    if (!health_server_ || port == 0) return unavailable("--health-listen: cannot listen on '" + address + "'");
+    health_server_->GetHealthCheckService()->SetServingStatus(serving_);
+    return {};
+  }
   int port() const { return port_; }
   void set_not_serving() { set_serving(false); }
-  void set_serving(bool serving) { server_->GetHealthCheckService()->SetServingStatus(serving); }
-  void shutdown(std::chrono::seconds grace) { server_->Shutdown(std::chrono::system_clock::now() + grace); }
+  void set_serving(bool serving) {
+    std::lock_guard<std::mutex> lock(mu_);
+    serving_ = serving;
+    server_->GetHealthCheckService()->SetServingStatus(serving);
+    if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(serving);
+  }
+  void shutdown(std::chrono::seconds grace) {
+    const auto deadline = std::chrono::system_clock::now() + grace;
+    server_->Shutdown(deadline);
+    if (health_server_) health_server_->Shutdown(deadline);
+  }
 
  private:
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen
+  std::mutex mu_;
+  bool serving_ = true;  // guarded by mu_
 };
+
+// Adds --health-listen to a role's server when it is set.
+Status add_health(RpcServer& server, const ServeArgs& a) {
+  return a.health_listen.empty() ? Status{} : server.add_health_listener(a.health_listen);
+}
 
 // Blocks until SIGINT or SIGTERM.
 void wait_for_signal() {
@@ -238,8 +286,8 @@ struct DecodeRole {
 
 // `name` labels metrics and logs: the listen address, or "decode-N" in `baton local` where the
 // port is only known once the server runs.
-Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::string& listen, const std::string& name,
-                                                 Metrics* metrics) {
+Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Security& sec, const std::string& listen,
+                                                 const std::string& name, Metrics* metrics) {
   auto r = std::make_unique<DecodeRole>();
   BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
   DecodeConfig dc;
@@ -260,7 +308,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const std::
   r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc);
   services.push_back(r->kv_device.get());
 #endif
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services));
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services, sec.internal.server));
   return r;
 }
 
@@ -274,8 +322,8 @@ struct PrefillRole {
   void drain(std::chrono::seconds grace) { drain_worker(*this, grace); }
 };
 
-Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std::string& listen, const std::string& name,
-                                                   Metrics* metrics) {
+Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Security& sec, const std::string& listen,
+                                                   const std::string& name, Metrics* metrics) {
   auto r = std::make_unique<PrefillRole>();
   BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
   PrefillConfig pc;
@@ -285,11 +333,11 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const std
   pc.n_blocks = a.kv_blocks;
   pc.name = name;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
-  r->transport = make_kv_transport(a);
+  r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
   r->engine->start();
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}));
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server));
   return r;
 }
 
@@ -313,9 +361,9 @@ struct FrontendRole {
   }
 };
 
-Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const std::string& listen, const std::string& name,
-                                                     std::vector<std::string> prefill, std::vector<std::string> decode,
-                                                     Metrics* metrics) {
+Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const Security& sec, const std::string& listen,
+                                                     const std::string& name, std::vector<std::string> prefill,
+                                                     std::vector<std::string> decode, Metrics* metrics) {
   FrontendConfig fc;
   fc.model_path = a.model;
   fc.name = name;
@@ -325,6 +373,8 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   fc.workers.prefill_dns = a.prefill_dns;
   fc.workers.decode_addresses = std::move(decode);
   fc.workers.decode_dns = a.decode_dns;
+  fc.workers.credentials = sec.internal.channel;
+  fc.api_keys = sec.api_keys;
   fc.scheduler.max_requests = a.max_requests;
   fc.scheduler.no_worker_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(a.no_worker_timeout));
@@ -333,10 +383,80 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const s
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get()}, a.max_message_bytes));
+  BATON_ASSIGN_OR_RETURN(r->server,
+                         RpcServer::start(listen, {r->frontend.get()}, sec.public_server, a.max_message_bytes));
   // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
   r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
   return r;
+}
+
+// The credentials the flags ask for; every file is checked first, so a mistake stops the role
+// before it listens.
+Result<Security> make_security(const ServeArgs& a) {
+  Security sec;
+  const std::chrono::seconds refresh(a.tls_refresh_seconds);
+  sec.internal = insecure_plane();
+  if (a.internal_tls.any()) {
+    BATON_RETURN_IF_ERROR(check_tls_files(a.internal_tls, kInternalTlsFlags, /*need_ca=*/true));
+    sec.internal = internal_mtls_plane(a.internal_tls, refresh);
+  }
+  if (a.public_tls.any()) {
+    if (a.public_tls.cert.empty()) {
+      return invalid_argument("--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)");
+    }
+    BATON_RETURN_IF_ERROR(check_tls_files(a.public_tls, kPublicTlsFlags, /*need_ca=*/false));
+  }
+  sec.public_server = public_server_credentials(a.public_tls, refresh);
+  if (!a.api_key_file.empty()) {
+    BATON_ASSIGN_OR_RETURN(std::unique_ptr<ApiKeys> keys, ApiKeys::load(a.api_key_file));
+    sec.api_keys = std::move(keys);
+  }
+  return sec;
+}
+
+// Safe by default: a role reachable from beyond this host refuses to start without
+// authentication, and says how to fix it, unless --insecure says the operator means it.
+// `role`: frontend | prefill | decode | local (local's workers listen on loopback only).
+Status check_exposure(const ServeArgs& a, const std::string& role, const Security& sec) {
+  const std::string internal_fix =
+      "give --internal-tls-cert, --internal-tls-key and --internal-tls-ca (mutual TLS between baton's roles; "
+      "deploy/README.md says how cert-manager provides them)";
+  std::vector<std::string> problems;
+  if ((role == "prefill" || role == "decode") && !sec.internal.authenticated && !is_loopback_address(a.listen)) {
+    problems.push_back("the " + role + " worker would listen on " + a.listen +
+                       " with an unauthenticated internal plane, so anyone who reaches the port could admit, stream "
+                       "or cancel requests: " + internal_fix + ", or listen on loopback (--listen=127.0.0.1:PORT)");
+  }
+  if ((role == "frontend" || role == "local") && a.public_tls.cert.empty() && !is_loopback_address(a.listen)) {
+    problems.push_back("the public API would be served in plaintext on " + a.listen +
+                       ": give --tls-cert and --tls-key (and --api-key-file), or listen on loopback "
+                       "(--listen=127.0.0.1:PORT)");
+  }
+  if (role == "frontend" && !sec.internal.authenticated) {
+    std::vector<std::string> remote;
+    for (const auto& list : {split_list(a.prefill_addresses), split_list(a.decode_addresses)}) {
+      for (const auto& addr : list) {
+        if (!is_loopback_address(addr)) remote.push_back(addr);
+      }
+    }
+    for (const auto* dns : {&a.prefill_dns, &a.decode_dns}) {
+      if (!dns->empty() && !is_loopback_address(*dns)) remote.push_back(*dns);
+    }
+    if (!remote.empty()) {
+      problems.push_back("the frontend would reach workers beyond this host (" + remote.front() +
+                         (remote.size() > 1 ? ", ..." : "") + ") over an unauthenticated internal plane: " +
+                         internal_fix);
+    }
+  }
+  if (problems.empty()) return {};
+  if (a.insecure) {
+    for (const auto& p : problems) spdlog::warn("--insecure: {}", p);
+    return {};
+  }
+  std::string message = "refusing to start insecurely: " + problems.front();
+  for (size_t i = 1; i < problems.size(); ++i) message += "; and " + problems[i];
+  return failed_precondition(message + ". Pass --insecure to run like this anyway (e.g. a private network, or TLS "
+                                       "ended by a proxy in front of baton)");
 }
 
 // Scripts and tests read the port from this stdout line (useful with --listen HOST:0).
@@ -353,6 +473,9 @@ int run_serve(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
   if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
+  auto sec = make_security(a);
+  if (!sec.ok()) return fail(sec.status());
+  if (Status s = check_exposure(a, a.role, *sec); !s.ok()) return fail(s);
   const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
@@ -362,24 +485,27 @@ int run_serve(const ServeArgs& a) {
     metrics_server = std::move(*ms);
   }
   if (a.role == "decode") {
-    auto r = start_decode(a, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
+    auto r = start_decode(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
+    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
     print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->drain(grace);
   } else if (a.role == "prefill") {
-    auto r = start_prefill(a, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
+    auto r = start_prefill(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
+    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
     print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->drain(grace);
   } else {
-    auto r = start_frontend(a, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
+    auto r = start_frontend(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
                             split_list(a.decode_addresses), &metrics);
     if (!r.ok()) return fail(r.status());
     spdlog::info("frontend serving on port {}", (*r)->server->port());
+    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
     print_listening((*r)->server->port());
     wait_for_signal();
     (*r)->drain(grace);
@@ -392,6 +518,9 @@ int run_local(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
   if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
+  auto sec = make_security(a);
+  if (!sec.ok()) return fail(sec.status());
+  if (Status s = check_exposure(a, "local", *sec); !s.ok()) return fail(s);
   if (a.kv_transport != "tcp") {
     // A CUDA IPC handle cannot be opened by the process that made it, and NCCL refuses two ranks
     // on one device: the device transports connect separate prefill and decode processes.
@@ -410,21 +539,22 @@ int run_local(const ServeArgs& a) {
   std::vector<std::unique_ptr<PrefillRole>> prefillers;
   std::vector<std::string> decode_addrs, prefill_addrs;
   for (int i = 0; i < a.n_decode_workers; ++i) {
-    auto r = start_decode(a, "127.0.0.1:0", "decode-" + std::to_string(i), &metrics);
+    auto r = start_decode(a, *sec, "127.0.0.1:0", "decode-" + std::to_string(i), &metrics);
     if (!r.ok()) return fail(r.status());
     decode_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     decoders.push_back(std::move(*r));
   }
   for (int i = 0; i < a.n_prefill_workers; ++i) {
-    auto r = start_prefill(a, "127.0.0.1:0", "prefill-" + std::to_string(i), &metrics);
+    auto r = start_prefill(a, *sec, "127.0.0.1:0", "prefill-" + std::to_string(i), &metrics);
     if (!r.ok()) return fail(r.status());
     prefill_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     prefillers.push_back(std::move(*r));
   }
-  auto fe = start_frontend(a, a.listen, a.name.empty() ? "frontend" : a.name, prefill_addrs, decode_addrs, &metrics);
+  auto fe = start_frontend(a, *sec, a.listen, a.name.empty() ? "frontend" : a.name, prefill_addrs, decode_addrs, &metrics);
   if (!fe.ok()) return fail(fe.status());
   spdlog::info("baton local: frontend on port {}, {} prefill and {} decode workers", (*fe)->server->port(),
                prefillers.size(), decoders.size());
+  if (Status s = add_health(*(*fe)->server, a); !s.ok()) return fail(s);
   print_listening((*fe)->server->port());
   wait_for_signal();
   // The frontend drains first (its in-flight requests still need the workers), then the workers.
@@ -520,6 +650,34 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--drain-timeout", a.drain_timeout, "Seconds in-flight requests may take after SIGTERM")
       ->check(CLI::Range(0, 3600))
       ->envname("BATON_DRAIN_TIMEOUT");
+  c->add_option("--tls-cert", a.public_tls.cert, "Frontend: PEM certificate chain of the public API (TLS)")
+      ->envname("BATON_TLS_CERT");
+  c->add_option("--tls-key", a.public_tls.key, "Frontend: PEM private key of --tls-cert")->envname("BATON_TLS_KEY");
+  c->add_option("--tls-client-ca", a.public_tls.ca,
+                "Frontend: PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
+      ->envname("BATON_TLS_CLIENT_CA");
+  c->add_option("--internal-tls-cert", a.internal_tls.cert,
+                "Every role: PEM certificate for the internal plane (mutual TLS between frontend, prefill and decode)")
+      ->envname("BATON_INTERNAL_TLS_CERT");
+  c->add_option("--internal-tls-key", a.internal_tls.key, "Every role: PEM private key of --internal-tls-cert")
+      ->envname("BATON_INTERNAL_TLS_KEY");
+  c->add_option("--internal-tls-ca", a.internal_tls.ca,
+                "Every role: PEM CA that signed every internal certificate; peers it did not sign are refused")
+      ->envname("BATON_INTERNAL_TLS_CA");
+  c->add_option("--tls-refresh-seconds", a.tls_refresh_seconds,
+                "Seconds between looks at the certificate files (rotated files apply to new connections)")
+      ->check(CLI::Range(1, 86400))
+      ->envname("BATON_TLS_REFRESH_SECONDS");
+  c->add_option("--api-key-file", a.api_key_file,
+                "Frontend: file of API keys, one per line; clients send 'authorization: Bearer <key>' "
+                "(re-read when it changes)")
+      ->envname("BATON_API_KEY_FILE");
+  c->add_option("--health-listen", a.health_listen,
+                "Also serve grpc.health.v1 alone, in plaintext, on host:port (for probes that speak no TLS)")
+      ->envname("BATON_HEALTH_LISTEN");
+  c->add_flag("--insecure", a.insecure,
+              "Allow listening beyond loopback without TLS / an authenticated internal plane")
+      ->envname("BATON_INSECURE");
 }
 
 }  // namespace

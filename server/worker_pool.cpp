@@ -92,7 +92,8 @@ std::shared_ptr<grpc::Channel> WorkerPool::channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto ch = grpc::CreateCustomChannel(
+      address, config_.credentials ? config_.credentials : grpc::InsecureChannelCredentials(), args);
   channels_.emplace(address, ch);
   return ch;
 }

@@ -5,6 +5,8 @@
 // another model, becomes unhealthy and receives no new work).
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +31,7 @@ struct WorkerPoolConfig {
   std::chrono::milliseconds poll_interval{200};          // load report period
   std::chrono::milliseconds dns_refresh_interval{5000};  // DNS re-resolution period
   std::string model_fingerprint;               // workers serving another model are refused
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // the internal plane's (common/tls.h); null = plaintext
 
   Status validate() const;
 };

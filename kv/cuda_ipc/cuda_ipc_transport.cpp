@@ -56,7 +56,8 @@ std::string kv_node_id() {
 
 // ---- sender ------------------------------------------------------------------------------------
 
-CudaIpcKvTransport::CudaIpcKvTransport(const CudaIpcKvConfig& config) : config_(config), node_id_(kv_node_id()) {
+CudaIpcKvTransport::CudaIpcKvTransport(const CudaIpcKvConfig& config)
+    : config_(config), node_id_(kv_node_id()), channels_(config.credentials) {
   BATON_CHECK(config_.window >= 1, "cuda_ipc window must be at least 1, got %d", config_.window);
 }
 

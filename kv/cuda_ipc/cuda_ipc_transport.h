@@ -47,6 +47,7 @@ struct CudaIpcKvConfig {
   int device = 0;  // CUDA device the staging buffers live on (the backend's --device=cuda:N)
   std::chrono::milliseconds deadline = std::chrono::seconds(60);  // one whole transfer
   int window = 4;  // chunks staged and not yet acknowledged per transfer (staging slots leased)
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // the internal plane's; null = plaintext
 };
 
 // Thread-safe: concurrent sends share the staging pool and the channels.

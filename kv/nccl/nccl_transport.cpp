@@ -183,7 +183,7 @@ bool refusal_lasts(const Status& s) {
 
 }  // namespace
 
-NcclKvTransport::NcclKvTransport(const NcclKvConfig& config) : config_(config) {
+NcclKvTransport::NcclKvTransport(const NcclKvConfig& config) : config_(config), channels_(config.credentials) {
   BATON_CHECK(config_.window >= 1, "nccl window must be at least 1, got %d", config_.window);
   BATON_CHECK(config_.max_peers >= 1, "nccl max_peers must be at least 1, got %d", config_.max_peers);
 }

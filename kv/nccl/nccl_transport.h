@@ -83,6 +83,7 @@ struct NcclKvConfig {
   // How long a decode worker's UNIMPLEMENTED or FAILED_PRECONDITION answer to the bootstrap is
   // reused instead of asking again.
   std::chrono::milliseconds refusal_ttl = std::chrono::seconds(30);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // the internal plane's; null = plaintext
 };
 
 // Thread-safe: sends to different decode workers run in parallel, to one worker in turn.

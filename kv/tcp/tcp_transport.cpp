@@ -60,7 +60,9 @@ KvChunk kv_chunk_from_proto(baton::v1::KvLayerChunk&& p) {
 
 // ---- sender ------------------------------------------------------------------------------------
 
-TcpKvTransport::TcpKvTransport(std::chrono::milliseconds deadline) : deadline_(deadline) {}
+TcpKvTransport::TcpKvTransport(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                               std::chrono::milliseconds deadline)
+    : deadline_(deadline), channels_(std::move(credentials)) {}
 
 Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& header,
                             const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent) {

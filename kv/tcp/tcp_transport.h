@@ -30,8 +30,10 @@ namespace baton {
 // per address and shared by concurrent sends. Thread-safe.
 class TcpKvTransport final : public KvTransport {
  public:
-  // `deadline` bounds one whole transfer (connect, header, every chunk, the ack).
-  explicit TcpKvTransport(std::chrono::milliseconds deadline = std::chrono::seconds(60));
+  // `credentials`: the internal plane's (null = plaintext). `deadline` bounds one whole transfer
+  // (connect, header, every chunk, the ack).
+  explicit TcpKvTransport(std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                          std::chrono::milliseconds deadline = std::chrono::seconds(60));
 
   std::string name() const override { return "tcp"; }
   // Errors: the decode worker's refusal as sent (FAILED_PRECONDITION, INVALID_ARGUMENT,

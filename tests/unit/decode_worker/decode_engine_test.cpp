@@ -169,10 +169,26 @@ TEST_CASE("cancel, release and abort free the blocks", "[decode]") {
   SECTION("release a reservation whose KV never comes") {
     REQUIRE(fx.engine->admit(admit_for(fx, "r", 30, 50, {})).ok());
     CHECK(fx.engine->load().n_waiting == 1);
-    fx.engine->release("r");
+    REQUIRE(fx.engine->release("r").ok());
     check_all_free(*fx.engine);
-    fx.engine->release("r");  // idempotent
-    fx.engine->release("never-admitted");
+    REQUIRE(fx.engine->release("r").ok());  // idempotent
+    REQUIRE(fx.engine->release("never-admitted").ok());
+  }
+  SECTION("stream and release only from the peer that admitted") {
+    DecodeAdmit a = admit_for(fx, "o", 30, 50, {});
+    a.owner = "ipv4:10.0.0.1 as frontend-a";
+    REQUIRE(fx.engine->admit(a).ok());
+    Collector thief;
+    CHECK(fx.engine->attach("o", thief.sink(), std::nullopt, "ipv4:10.0.0.9 as frontend-a").code() ==
+          StatusCode::kPermissionDenied);
+    CHECK(fx.engine->release("o", "ipv4:10.0.0.1 as someone-else").code() == StatusCode::kPermissionDenied);
+    CHECK(fx.engine->load().n_waiting == 1);  // nothing was done for them
+    Collector out;
+    REQUIRE(fx.engine->attach("o", out.sink(), std::nullopt, a.owner).ok());
+    REQUIRE(fx.engine->release("o", a.owner).ok());
+    REQUIRE(out.wait_done());
+    CHECK(out.status.code() == StatusCode::kCancelled);
+    check_all_free(*fx.engine);
   }
   SECTION("an aborted transfer keeps the reservation; a retry succeeds; release after abort frees") {
     Transfer t = prefill(*fx.ref.model, "a", prompt, {}, 8);
@@ -197,7 +213,7 @@ TEST_CASE("cancel, release and abort free the blocks", "[decode]") {
     t.header.request_id = "b";
     REQUIRE(fx.engine->kv_begin(t.header).ok());
     fx.engine->kv_abort("b");
-    fx.engine->release("b");
+    REQUIRE(fx.engine->release("b").ok());
     check_all_free(*fx.engine);
   }
   SECTION("stop fails live requests with UNAVAILABLE and frees everything") {
@@ -275,9 +291,9 @@ TEST_CASE("admission and KV refusals", "[decode]") {
     const Status full = fx.engine->admit(admit_for(fx, "y", n_prompt, 50, {}));
     CHECK(code(full) == StatusCode::kResourceExhausted);
     CHECK_THAT(full.message(), Catch::Contains("free"));
-    fx.engine->release("x");
+    REQUIRE(fx.engine->release("x").ok());
     CHECK(fx.engine->admit(admit_for(fx, "y", n_prompt, 50, {})).ok());
-    fx.engine->release("y");
+    REQUIRE(fx.engine->release("y").ok());
     CHECK(code(fx.engine->attach("nope", [](const DecodeOutput&) {})) == StatusCode::kNotFound);
   }
 

@@ -76,7 +76,7 @@ TEST_CASE("tcp transport passes the KvTransport conformance suite", "[kv][tcp]")
 TEST_CASE("tcp transport gives up at its deadline", "[kv][tcp]") {
   LoopbackServer server;
   const auto deadline = std::chrono::milliseconds(100);
-  TcpKvTransport transport(deadline);
+  TcpKvTransport transport(nullptr, deadline);
   baton::testing::run_kv_transport_deadline(transport, deadline, server.address, server.receiver);
 }
 

@@ -1,0 +1,118 @@
+#include "common/api_keys.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace baton {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+bool same_time(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+}  // namespace
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (b.empty()) return false;
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i % b.size()]);
+  }
+  return diff == 0;
+}
+
+Result<std::vector<std::string>> parse_api_keys(const std::string& text, const std::string& path) {
+  std::vector<std::string> keys;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const std::string_view key = trim(line);
+    if (key.empty() || key.front() == '#') continue;
+    if (key.size() < ApiKeys::kMinKeyLength) {
+      return invalid_argument("--api-key-file: the key on line " + std::to_string(n) + " of '" + path + "' has " +
+                              std::to_string(key.size()) + " characters; use at least " +
+                              std::to_string(ApiKeys::kMinKeyLength) + " (e.g. openssl rand -hex 32)");
+    }
+    keys.emplace_back(key);
+  }
+  if (keys.empty()) return invalid_argument("--api-key-file: '" + path + "' holds no key (one key per line)");
+  return keys;
+}
+
+Result<std::unique_ptr<ApiKeys>> ApiKeys::load(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return not_found("--api-key-file: cannot read '" + path + "'");
+  std::ifstream in(path);
+  if (!in) return not_found("--api-key-file: cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  BATON_ASSIGN_OR_RETURN(auto keys, parse_api_keys(ss.str(), path));
+  auto k = std::unique_ptr<ApiKeys>(new ApiKeys(path));
+  k->keys_ = std::move(keys);
+  k->mtime_ = st.st_mtim;
+  k->size_ = st.st_size;
+  k->checked_ = std::chrono::steady_clock::now();
+  return k;
+}
+
+void ApiKeys::refresh() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - checked_ < std::chrono::seconds(1)) return;
+  checked_ = now;
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) {
+    spdlog::warn("--api-key-file: cannot read '{}'; keeping the {} keys in use", path_, keys_.size());
+    return;
+  }
+  if (same_time(st.st_mtim, mtime_) && st.st_size == size_) return;
+  std::ifstream in(path_);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto keys = parse_api_keys(ss.str(), path_);
+  if (!keys.ok()) {
+    spdlog::warn("{}; keeping the {} keys in use", keys.status().message(), keys_.size());
+    return;
+  }
+  keys_ = std::move(*keys);
+  mtime_ = st.st_mtim;
+  size_ = st.st_size;
+  spdlog::info("--api-key-file: read {} keys from '{}'", keys_.size(), path_);
+}
+
+Status ApiKeys::check_authorization(std::string_view authorization) {
+  constexpr std::string_view kHow = "send metadata 'authorization: Bearer <key>' with a key from the frontend's --api-key-file";
+  if (authorization.empty()) return unauthenticated("no API key: " + std::string(kHow));
+  constexpr std::string_view kScheme = "bearer ";
+  bool scheme = authorization.size() > kScheme.size();
+  for (size_t i = 0; scheme && i < kScheme.size(); ++i) {
+    scheme = (authorization[i] | 0x20) == kScheme[i];
+  }
+  if (!scheme) return unauthenticated("the authorization metadata is not 'Bearer <key>': " + std::string(kHow));
+  const std::string_view token = trim(authorization.substr(kScheme.size()));
+  std::lock_guard<std::mutex> lock(mu_);
+  refresh();
+  bool match = false;
+  for (const std::string& key : keys_) match |= constant_time_equal(token, key);  // no early exit
+  if (!match) return unauthenticated("the API key is not valid: " + std::string(kHow));
+  return {};
+}
+
+Status ApiKeys::check(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return check_authorization("");
+  return check_authorization(std::string_view(it->second.data(), it->second.size()));
+}
+
+}  // namespace baton

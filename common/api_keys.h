@@ -1,0 +1,54 @@
+// Public API keys (--api-key-file): a client proves it may use the frontend by sending
+// `authorization: Bearer <key>` metadata (what OpenAI-style clients send). The file holds one key
+// per line (blank lines and lines starting with '#' are skipped) and is read again when it
+// changes, so keys rotate without a restart. Keys are compared in constant time.
+#pragma once
+
+#include <grpcpp/server_context.h>
+
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace baton {
+
+class ApiKeys {
+ public:
+  // NOT_FOUND when the file cannot be read, INVALID_ARGUMENT when it holds no key or a key
+  // shorter than kMinKeyLength.
+  static Result<std::unique_ptr<ApiKeys>> load(const std::string& path);
+  static constexpr size_t kMinKeyLength = 16;
+
+  // OK when the call carries one of the keys; UNAUTHENTICATED with what to send otherwise.
+  Status check(const grpc::ServerContextBase& context);
+  // The same for an `authorization` header value ("Bearer <key>"; "" = absent).
+  Status check_authorization(std::string_view authorization);
+
+ private:
+  explicit ApiKeys(std::string path) : path_(std::move(path)) {}
+  // Reads the file again when its modification time or size changed (looked at most once a
+  // second); a file that became unreadable or empty keeps the keys in use, with a warning.
+  void refresh();
+
+  const std::string path_;
+  std::mutex mu_;
+  std::vector<std::string> keys_;  // guarded by mu_
+  struct timespec mtime_ {};       // guarded by mu_
+  off_t size_ = -1;                // guarded by mu_
+  std::chrono::steady_clock::time_point checked_{};  // guarded by mu_
+};
+
+// Parses a key file's text: its keys, or INVALID_ARGUMENT naming `path`.
+Result<std::vector<std::string>> parse_api_keys(const std::string& text, const std::string& path);
+
+// a == b without an early exit: the time taken depends on a's length only (a is the presented
+// token, b the secret).
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+}  // namespace baton

@@ -1,0 +1,195 @@
+#include "common/tls.h"
+
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace baton {
+namespace {
+
+Result<std::string> read_file(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(flag + ": cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Deleter {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyDeleter {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+using BioPtr = std::unique_ptr<BIO, BioDeleter>;
+using X509Ptr = std::unique_ptr<X509, X509Deleter>;
+
+BioPtr bio_of(const std::string& pem) { return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))); }
+
+// Every certificate in a PEM bundle; empty when none parses.
+std::vector<X509Ptr> parse_certificates(const std::string& pem) {
+  std::vector<X509Ptr> out;
+  BioPtr bio = bio_of(pem);
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) out.emplace_back(x);
+  return out;
+}
+
+Status check_certificate(const std::string& pem, const std::string& path, const std::string& flag,
+                         std::vector<X509Ptr>* certs) {
+  *certs = parse_certificates(pem);
+  if (certs->empty()) return invalid_argument(flag + ": '" + path + "' holds no PEM certificate");
+  X509* leaf = certs->front().get();
+  if (X509_cmp_current_time(X509_get0_notAfter(leaf)) < 0) {
+    return invalid_argument(flag + ": the certificate in '" + path + "' has expired");
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(leaf)) > 0) {
+    return invalid_argument(flag + ": the certificate in '" + path + "' is not valid yet (check the clock)");
+  }
+  return {};
+}
+
+std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> file_provider(const TlsFiles& files,
+                                                                                  std::chrono::seconds refresh) {
+  const auto seconds = static_cast<unsigned>(std::max<int64_t>(1, refresh.count()));
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files.key, files.cert, files.ca, seconds);
+}
+
+// Host part of a gRPC peer string: "ipv4:10.0.0.7:41234" → "ipv4:10.0.0.7", "ipv6:[::1]:5" →
+// "ipv6:[::1]"; anything else whole.
+std::string peer_host(const std::string& peer) {
+  if (peer.rfind("ipv4:", 0) != 0 && peer.rfind("ipv6:", 0) != 0) return peer;
+  const size_t colon = peer.rfind(':');
+  return colon > 5 ? peer.substr(0, colon) : peer;
+}
+
+}  // namespace
+
+Status check_tls_files(const TlsFiles& files, const TlsFlagNames& flags, bool need_ca) {
+  const std::string cert_flag = flags.cert, key_flag = flags.key, ca_flag = flags.ca;
+  if (need_ca && (files.cert.empty() || files.key.empty() || files.ca.empty())) {
+    return invalid_argument("mutual TLS needs all of " + cert_flag + ", " + key_flag + " and " + ca_flag);
+  }
+  if (files.cert.empty() != files.key.empty()) {
+    return invalid_argument(cert_flag + " and " + key_flag + " go together: give both or neither");
+  }
+  if (!files.cert.empty()) {
+    BATON_ASSIGN_OR_RETURN(std::string cert_pem, read_file(files.cert, cert_flag));
+    BATON_ASSIGN_OR_RETURN(std::string key_pem, read_file(files.key, key_flag));
+    std::vector<X509Ptr> chain;
+    BATON_RETURN_IF_ERROR(check_certificate(cert_pem, files.cert, cert_flag, &chain));
+    BioPtr bio = bio_of(key_pem);
+    std::unique_ptr<EVP_PKEY, KeyDeleter> key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+    if (!key) ERR_clear_error();
+    if (!key) return invalid_argument(key_flag + ": '" + files.key + "' holds no unencrypted PEM private key");
+    const bool matches = X509_check_private_key(chain.front().get(), key.get()) == 1;
+    ERR_clear_error();  // leave OpenSSL's error queue as gRPC expects it
+    if (!matches) {
+      return invalid_argument(key_flag + ": '" + files.key + "' is not the private key of the certificate in '" +
+                              files.cert + "'");
+    }
+  }
+  if (!files.ca.empty()) {
+    BATON_ASSIGN_OR_RETURN(std::string ca_pem, read_file(files.ca, ca_flag));
+    if (parse_certificates(ca_pem).empty()) {
+      return invalid_argument(ca_flag + ": '" + files.ca + "' holds no PEM certificate");
+    }
+  }
+  return {};
+}
+
+PlaneCredentials insecure_plane() {
+  PlaneCredentials p;
+  p.server = grpc::InsecureServerCredentials();
+  p.channel = grpc::InsecureChannelCredentials();
+  return p;
+}
+
+PlaneCredentials internal_mtls_plane(const TlsFiles& files, std::chrono::seconds refresh) {
+  auto provider = file_provider(files, refresh);
+  PlaneCredentials p;
+  grpc::experimental::TlsServerCredentialsOptions server(provider);
+  server.watch_root_certs();
+  server.watch_identity_key_cert_pairs();
+  server.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  p.server = grpc::experimental::TlsServerCredentials(server);
+
+  grpc::experimental::TlsChannelCredentialsOptions channel;
+  channel.set_certificate_provider(provider);
+  channel.watch_root_certs();
+  channel.watch_identity_key_cert_pairs();
+  channel.set_verify_server_certs(true);  // the chain must reach the internal CA
+  channel.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  channel.set_check_call_host(false);
+  p.channel = grpc::experimental::TlsCredentials(channel);
+  p.authenticated = true;
+  return p;
+}
+
+std::shared_ptr<grpc::ServerCredentials> public_server_credentials(const TlsFiles& files, std::chrono::seconds refresh) {
+  if (files.cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::experimental::TlsServerCredentialsOptions options(file_provider(files, refresh));
+  options.watch_identity_key_cert_pairs();
+  if (!files.ca.empty()) {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+Result<std::shared_ptr<grpc::ChannelCredentials>> client_channel_credentials(const TlsFiles& files) {
+  if (!files.any()) return grpc::InsecureChannelCredentials();
+  BATON_RETURN_IF_ERROR(check_tls_files(files, kClientTlsFlags, false));
+  grpc::SslCredentialsOptions options;
+  if (!files.ca.empty()) {
+    BATON_ASSIGN_OR_RETURN(options.pem_root_certs, read_file(files.ca, "--tls-ca"));
+  }
+  if (!files.cert.empty()) {
+    BATON_ASSIGN_OR_RETURN(options.pem_cert_chain, read_file(files.cert, "--tls-cert"));
+    BATON_ASSIGN_OR_RETURN(options.pem_private_key, read_file(files.key, "--tls-key"));
+  }
+  return grpc::SslCredentials(options);
+}
+
+std::string peer_identity(const grpc::ServerContextBase& context) {
+  std::string id = peer_host(context.peer());
+  const auto auth = context.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return id;
+  // The whole subject (replicas of one role may share names in their SANs), else the SANs.
+  std::vector<grpc::string_ref> names = auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
+  if (names.empty()) names = auth->GetPeerIdentity();
+  id += " as ";
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) id += ",";
+    id.append(names[i].data(), names[i].size());
+  }
+  return id;
+}
+
+bool is_loopback_address(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0 || address.rfind("unix-abstract:", 0) == 0) return true;
+  std::string host = address;
+  if (!host.empty() && host.front() == '[') {
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  if (host == "localhost" || host == "::1") return true;
+  return host.rfind("127.", 0) == 0;
+}
+
+}  // namespace baton

@@ -1,0 +1,358 @@
+"""Transport security, API keys and secure defaults (issue: security), between real `baton serve`
+processes with real certificates made here by `openssl`:
+- with mutual TLS on the internal plane and TLS + a client CA + API keys on the public one, a
+  client streams the same greedy tokens as over plain loopback (Python gRPC and batonctl);
+- every internal RPC is refused to a client without a certificate, with one from another CA, or
+  in plaintext; the frontend sends no work to a worker whose certificate another CA signed;
+- API keys: none or a wrong one is UNAUTHENTICATED; a rewritten key file applies without a restart;
+- a rotated public certificate applies to new connections without a restart;
+- a role that would listen beyond loopback unauthenticated refuses to start (unless --insecure),
+  and bad certificate files stop it with the flag named;
+- kubelet's probes get a plaintext port that serves grpc.health.v1 and nothing else;
+- Stream and Release of a decode reservation are honoured only from the peer that admitted it;
+- a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
+
+import os
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from serving_harness import SERVING, free_port, health_check
+from test_serving import reference_ids
+
+PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]
+KEY = "key-" + os.urandom(16).hex()
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+class Pki:
+    """Certificate authorities and leaf certificates in a directory (EC P-256, made with openssl)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def ca(self, name):
+        crt, key = self.path / f"{name}.crt", self.path / f"{name}.key"
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+                "-out", crt, "-subj", f"/CN={name}", "-days", "2", "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        return crt, key
+
+    def leaf(self, name, ca, sans="IP:127.0.0.1,DNS:localhost"):
+        crt, key, csr = (self.path / f"{name}.{x}" for x in ("crt", "key", "csr"))
+        ext = self.path / f"{name}.ext"
+        ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial", "-out", crt, "-days", "1",
+                "-extfile", ext)
+        return crt, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    p = Pki(tmp_path_factory.mktemp("pki"))
+    p.internal_ca = p.ca("baton-internal-ca")
+    p.public_ca = p.ca("baton-public-ca")
+    p.rogue_ca = p.ca("rogue-ca")
+    p.roles = {r: p.leaf(f"baton-{r}", p.internal_ca) for r in ("frontend", "prefill", "decode")}
+    p.insider_b = p.leaf("baton-other", p.internal_ca)  # a deployment member that did not admit
+    p.rogue = p.leaf("rogue", p.rogue_ca)
+    p.public = p.leaf("baton-public", p.public_ca)
+    p.client = p.leaf("client-alice", p.public_ca)
+    p.keys = p.path / "api-keys"
+    p.keys.write_text(f"# the test's client\n{KEY}\n")
+    return p
+
+
+def internal_flags(pki, role):
+    crt, key = pki.roles[role]
+    return ["--internal-tls-cert", crt, "--internal-tls-key", key, "--internal-tls-ca", pki.internal_ca[0]]
+
+
+def creds(ca, leaf=None):
+    read = lambda p: p.read_bytes()  # noqa: E731
+    if leaf is None:
+        return grpc.ssl_channel_credentials(root_certificates=read(ca[0]))
+    return grpc.ssl_channel_credentials(root_certificates=read(ca[0]), private_key=read(leaf[1]),
+                                        certificate_chain=read(leaf[0]))
+
+
+def tls_generate(pb, address, channel_creds, metadata=(("authorization", f"Bearer {KEY}"),), **fields):
+    with grpc.secure_channel(address, channel_creds) as ch:
+        msgs = list(pb.gen_grpc.GenerationStub(ch).Generate(pb.gen.GenerateRequest(**fields), timeout=60,
+                                                            metadata=metadata))
+    return [t for m in msgs for t in m.token_ids]
+
+
+@pytest.fixture
+def secure_deployment(pki, test_model, server_factory):
+    decode = server_factory(test_model, *internal_flags(pki, "decode"), "--dtype", "f32",
+                            subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, *internal_flags(pki, "prefill"), "--dtype", "f32",
+                             subcommand=("serve", "--role", "prefill"))
+    front = server_factory(test_model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
+                           "--decode-addresses", decode.address, "--tls-cert", pki.public[0], "--tls-key",
+                           pki.public[1], "--tls-client-ca", pki.public_ca[0], "--api-key-file", pki.keys,
+                           subcommand=("serve", "--role", "frontend"))
+    return front, prefill, decode
+
+
+def test_tls_on_both_planes_streams_the_same_greedy_text(pb, pki, baton_bin, test_model, secure_deployment):
+    front, _, _ = secure_deployment
+    want = reference_ids(baton_bin, test_model, PROMPT, 16)
+    got = tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT, max_tokens=16,
+                       ignore_eos=True)
+    assert got == want
+    batonctl = baton_bin.parent / "batonctl"
+    out = subprocess.run([batonctl, "generate", "--address", front.address, "--tls-ca", pki.public_ca[0], "--tls-cert",
+                          pki.client[0], "--tls-key", pki.client[1], "--prompt-ids", ",".join(map(str, PROMPT)),
+                          "--max-tokens", "16", "--ignore-eos", "--print-ids"],
+                         env={**os.environ, "BATONCTL_API_KEY": KEY}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [int(x) for x in out.stdout.strip().split(",")] == want
+    # Without a client certificate the public listener refuses the handshake (--tls-client-ca).
+    with pytest.raises(grpc.RpcError) as e:
+        tls_generate(pb, front.address, creds(pki.public_ca), prompt_token_ids=PROMPT, max_tokens=2)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    # batonctl names a bad file and exits 2 before connecting.
+    bad = subprocess.run([batonctl, "generate", "--address", front.address, "--tls-ca", pki.public_ca[0], "--tls-cert",
+                          pki.client[0], "--tls-key", pki.public[1], "--prompt", "hi"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--tls-key" in bad.stderr, bad.stderr
+
+
+def internal_calls(pb, channel, fingerprint="x"):
+    """Every internal RPC, each called once on `channel`: {name: grpc.StatusCode}."""
+    w, wg = pb.worker, pb.worker_grpc
+    prefill, decode = wg.PrefillWorkerStub(channel), wg.DecodeWorkerStub(channel)
+
+    def code(fn):
+        try:
+            r = fn()
+            if hasattr(r, "__iter__") and not hasattr(r, "ListFields"):
+                list(r)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+    return {
+        "Prefill": code(lambda: prefill.Prefill(w.PrefillRequest(request_id="x"), timeout=5)),
+        "PrefillWorker.GetLoad": code(lambda: prefill.GetLoad(w.LoadRequest(), timeout=5)),
+        "Admit": code(lambda: decode.Admit(w.AdmitRequest(request_id="x", n_prompt_tokens=8, max_tokens=8,
+                                                          model_fingerprint=fingerprint), timeout=5)),
+        "Stream": code(lambda: decode.Stream(w.StreamRequest(request_id="x"), timeout=5)),
+        "Release": code(lambda: decode.Release(w.ReleaseRequest(request_id="x"), timeout=5)),
+        "TransferKv": code(lambda: decode.TransferKv(iter([w.KvMessage()]), timeout=5)),
+        "DecodeWorker.GetLoad": code(lambda: decode.GetLoad(w.LoadRequest(), timeout=5)),
+    }
+
+
+def test_internal_rpcs_only_from_the_deployment(pb, pki, secure_deployment):
+    front, prefill, decode = secure_deployment
+    for worker in (prefill, decode):
+        strangers = {
+            "plaintext": grpc.insecure_channel(worker.address),
+            "no client certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca)),
+            "another CA's certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca, pki.rogue)),
+        }
+        for who, ch in strangers.items():
+            codes = internal_calls(pb, ch)
+            assert set(codes.values()) == {grpc.StatusCode.UNAVAILABLE}, (worker.address, who, codes)
+            ch.close()
+        # A worker that presents another CA's certificate is refused by the frontend's side too:
+        # a client trusting only the rogue CA cannot even finish the handshake with the worker.
+        with grpc.secure_channel(worker.address, creds(pki.rogue_ca, pki.roles["frontend"])) as ch:
+            assert set(internal_calls(pb, ch).values()) == {grpc.StatusCode.UNAVAILABLE}
+    # The deployment's own certificate works (GetLoad answers, the wrong-model Admit is refused
+    # by the engine, not the transport).
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["frontend"])) as ch:
+        codes = internal_calls(pb, ch)
+    assert codes["DecodeWorker.GetLoad"] == grpc.StatusCode.OK
+    assert codes["Admit"] == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_the_frontend_refuses_an_impostor_worker(pb, pki, test_model, server_factory):
+    """A worker whose certificate another CA signed gets no work: the frontend's channels verify
+    the server's chain too (it trusts the frontend's CA, so only that direction is tested)."""
+    crt, key = pki.rogue
+    impostor = server_factory(test_model, "--internal-tls-cert", crt, "--internal-tls-key", key, "--internal-tls-ca",
+                              pki.internal_ca[0], subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, *internal_flags(pki, "prefill"), subcommand=("serve", "--role", "prefill"))
+    front = server_factory(test_model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
+                           "--decode-addresses", impostor.address, "--no-worker-timeout", "1",
+                           subcommand=("serve", "--role", "frontend"))
+    with grpc.insecure_channel(front.address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(pb.gen_grpc.GenerationStub(ch).Generate(pb.gen.GenerateRequest(prompt_token_ids=PROMPT, max_tokens=2),
+                                                     timeout=30))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "decode" in e.value.details(), e.value.details()
+
+
+def test_probes_get_a_plaintext_health_port_that_serves_nothing_else(pb, pki, test_model, server_factory):
+    health = f"127.0.0.1:{free_port()}"
+    decode = server_factory(test_model, *internal_flags(pki, "decode"), "--health-listen", health,
+                            subcommand=("serve", "--role", "decode"))
+    assert health_check(health) == SERVING
+    with grpc.insecure_channel(health) as ch:
+        codes = internal_calls(pb, ch)
+    assert set(codes.values()) == {grpc.StatusCode.UNIMPLEMENTED}, codes
+    decode.stop()  # drained and gone: the probe port closed with it
+    with pytest.raises(grpc.RpcError):
+        health_check(health)
+
+
+def test_api_keys(pb, pki, secure_deployment):
+    front, _, _ = secure_deployment
+    c = creds(pki.public_ca, pki.client)
+    for metadata in ((), (("authorization", "Bearer wrong-key-0123456789abcdef"),), (("authorization", KEY),)):
+        with pytest.raises(grpc.RpcError) as e:
+            tls_generate(pb, front.address, c, metadata=metadata, prompt_token_ids=PROMPT, max_tokens=2)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "authorization: Bearer <key>" in e.value.details()
+        with grpc.secure_channel(front.address, c) as ch, pytest.raises(grpc.RpcError) as e:
+            pb.gen_grpc.GenerationStub(ch).ListModels(pb.gen.ListModelsRequest(), timeout=10, metadata=metadata)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert len(tls_generate(pb, front.address, c, prompt_token_ids=PROMPT, max_tokens=2, ignore_eos=True)) == 2
+    assert 'code="UNAUTHENTICATED"' in front.metrics()
+
+    new_key = "key-" + os.urandom(16).hex()
+    original = pki.keys.read_text()
+    try:
+        pki.keys.write_text(new_key + "\n")
+        time.sleep(1.2)  # the frontend looks at the file at most once a second
+        new = (("authorization", f"Bearer {new_key}"),)
+        assert len(tls_generate(pb, front.address, c, metadata=new, prompt_token_ids=PROMPT, max_tokens=2,
+                                ignore_eos=True)) == 2
+        with pytest.raises(grpc.RpcError) as e:
+            tls_generate(pb, front.address, c, prompt_token_ids=PROMPT, max_tokens=2)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        pki.keys.write_text(original)
+
+
+def test_a_rotated_certificate_applies_without_a_restart(pb, pki, baton_bin, test_model, server_factory, tmp_path):
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    crt.write_bytes(pki.public[0].read_bytes())
+    key.write_bytes(pki.public[1].read_bytes())
+    srv = server_factory(test_model, "--tls-cert", crt, "--tls-key", key, "--tls-refresh-seconds", "1")
+    want = reference_ids(baton_bin, test_model, PROMPT, 4)
+    assert tls_generate(pb, srv.address, creds(pki.public_ca), prompt_token_ids=PROMPT, max_tokens=4,
+                        ignore_eos=True) == want
+    # cert-manager's way: a new key pair from another CA, swapped in by rename.
+    new_ca = pki.ca("baton-public-ca-2")
+    new_crt, new_key = pki.leaf("baton-public-2", new_ca)
+    for src, dst in ((new_key, key), (new_crt, crt)):
+        tmp = dst.with_suffix(".new")
+        tmp.write_bytes(src.read_bytes())
+        os.replace(tmp, dst)
+    deadline = time.time() + 15
+    while True:
+        try:
+            got = tls_generate(pb, srv.address, creds(new_ca), prompt_token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+            break
+        except grpc.RpcError:
+            assert time.time() < deadline, "the rotated certificate was not served within 15 s"
+            time.sleep(0.5)
+    assert got == want
+    with pytest.raises(grpc.RpcError) as e:  # the old CA no longer verifies the server
+        tls_generate(pb, srv.address, creds(pki.public_ca), prompt_token_ids=PROMPT, max_tokens=4)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def start(baton_bin, test_model, *args):
+    """Runs `baton serve ...` until it listens or exits; returns (exit code, or None when it was
+    listening, and everything it printed)."""
+    p = subprocess.Popen([str(baton_bin), "serve", "--model", str(test_model), *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("listening on port"):
+            p.terminate()
+            lines.append(p.communicate(timeout=60)[0])
+            return None, "".join(lines)
+    p.wait(timeout=60)
+    return p.returncode, "".join(lines)
+
+
+def test_secure_defaults_refuse_an_open_port(baton_bin, test_model, pki):
+    for role in ("decode", "prefill"):
+        rc, err = start(baton_bin, test_model, "--role", role, "--listen", "0.0.0.0:0")
+        assert rc == 1, err
+        assert "refusing to start insecurely" in err and "--internal-tls-cert" in err and "--insecure" in err, err
+        rc, err = start(baton_bin, test_model, "--role", role, "--listen", "0.0.0.0:0", "--insecure")
+        assert rc is None, err
+        assert "--insecure" in err  # said in the log
+        rc, err = start(baton_bin, test_model, "--role", role, "--listen", "0.0.0.0:0", *internal_flags(pki, role))
+        assert rc is None, err
+    rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "0.0.0.0:0",
+                    "--prefill-addresses", "127.0.0.1:1", "--decode-addresses", "127.0.0.1:2")
+    assert rc == 1 and "--tls-cert" in err, err
+    rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "127.0.0.1:0",
+                    "--prefill-addresses", "10.1.2.3:50051", "--decode-addresses", "127.0.0.1:2")
+    assert rc == 1 and "10.1.2.3:50051" in err and "--internal-tls-ca" in err, err
+    # Bad files stop the role with the flag named, before it listens.
+    crt, key = pki.roles["decode"]
+    for args, flag in ((["--internal-tls-cert", crt, "--internal-tls-key", key], "--internal-tls-ca"),
+                       (["--internal-tls-cert", crt, "--internal-tls-key", pki.client[1], "--internal-tls-ca",
+                         pki.internal_ca[0]], "--internal-tls-key"),
+                       (["--internal-tls-cert", pki.path / "missing.crt", "--internal-tls-key", key,
+                         "--internal-tls-ca", pki.internal_ca[0]], "--internal-tls-cert"),
+                       (["--tls-client-ca", pki.public_ca[0]], "--tls-client-ca"),
+                       (["--api-key-file", pki.path / "missing-keys"], "--api-key-file")):
+        rc, err = start(baton_bin, test_model, "--role", "decode", "--listen", "127.0.0.1:0", *args)
+        assert rc in (1, 2) and flag in err, (args, err)
+
+
+def test_stream_and_release_only_from_the_admitting_peer(pb, pki, test_model, server_factory):
+    decode = server_factory(test_model, *internal_flags(pki, "decode"), "--kv-blocks", "64",
+                            subcommand=("serve", "--role", "decode"))
+    a = grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["frontend"]))
+    b = grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.insider_b))
+    sa, sb = pb.worker_grpc.DecodeWorkerStub(a), pb.worker_grpc.DecodeWorkerStub(b)
+    load = sa.GetLoad(pb.worker.LoadRequest(), timeout=5)
+    rid = os.urandom(16).hex()
+    sa.Admit(pb.worker.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=8,
+                                    model_fingerprint=load.model_fingerprint), timeout=10)
+    for call in (lambda: list(sb.Stream(pb.worker.StreamRequest(request_id=rid), timeout=5)),
+                 lambda: sb.Release(pb.worker.ReleaseRequest(request_id=rid), timeout=5)):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "admitted by another peer" in e.value.details()
+    assert sa.GetLoad(pb.worker.LoadRequest(), timeout=5).free_blocks < load.free_blocks  # still reserved
+    sa.Release(pb.worker.ReleaseRequest(request_id=rid), timeout=5)
+    deadline = time.time() + 10
+    while sa.GetLoad(pb.worker.LoadRequest(), timeout=5).free_blocks != load.free_blocks:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    a.close()
+    b.close()
+
+
+def test_invalid_utf8_names_the_field(pb, shared_server):
+    def call(request, mark):
+        raw = request.SerializeToString()
+        assert raw.count(mark) == 1
+        raw = raw.replace(mark, b"\xff" + mark[1:])
+        with grpc.insecure_channel(shared_server.address) as ch:
+            gen = ch.unary_stream("/baton.v1.Generation/Generate", request_serializer=lambda b: b,
+                                  response_deserializer=pb.gen.GenerateResponse.FromString)
+            with pytest.raises(grpc.RpcError) as e:
+                list(gen(raw, timeout=30))
+        return e.value
+
+    e = call(pb.gen.GenerateRequest(prompt="@@PROMPT@@", max_tokens=2), b"@@PROMPT@@")
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "field 'prompt' is not valid UTF-8" in e.details()
+    req = pb.gen.GenerateRequest(max_tokens=2)
+    req.messages.add(role="system", content="be brief")
+    req.messages.add(role="user", content="@@CONTENT@@")
+    e = call(req, b"@@CONTENT@@")
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "field 'messages[1].content' is not valid UTF-8" in e.details()
