@@ -49,8 +49,9 @@ def test_ports_exposed_are_the_ones_baton_listens_on():
     final = stages()[-1]
     env = dockerfile_env(final)
     exposed = {int(p) for args in final.all("EXPOSE") for p in args.split()}
-    listen = {int(env[k].rpartition(":")[2]) for k in ("BATON_LISTEN", "BATON_METRICS_LISTEN")}
-    assert exposed == listen, f"EXPOSE {exposed}, BATON_LISTEN/BATON_METRICS_LISTEN {listen}"
+    listen = {int(env[k].rpartition(":")[2]) for k in ("BATON_LISTEN", "BATON_METRICS_LISTEN",
+                                                         "BATON_HEALTH_LISTEN")}
+    assert exposed == listen, f"EXPOSE {exposed}, BATON_LISTEN/BATON_METRICS_LISTEN/BATON_HEALTH_LISTEN {listen}"
     assert all(env[k].startswith("0.0.0.0:") for k in ("BATON_LISTEN", "BATON_METRICS_LISTEN"))
 
 

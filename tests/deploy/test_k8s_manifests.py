@@ -16,7 +16,9 @@ from deploy_helpers import (DEPLOY, K8S, REPO, dockerfile_env, find, kustomize, 
                             value_problem)
 
 ROLES = ("frontend", "prefill", "decode")
-CRD_GROUP = "monitoring.coreos.com/"
+# Custom resources (no bundled schema): the Prometheus Operator's and cert-manager's, by apiVersion.
+CUSTOM_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor", "PodMonitor", "PrometheusRule"},
+                "cert-manager.io/v1": {"Issuer", "Certificate"}}
 # The oldest Kubernetes these manifests target (native gRPC probes are GA in 1.27) and the newest
 # whose schemas the validator bundles.
 K8S_VERSIONS = ("1.28", "latest")
@@ -123,8 +125,8 @@ def validate_objects(objects, version):
     target = utils.latest_version() if version == "latest" else version
     errors, custom = [], []
     for o in objects:
-        if o["apiVersion"].startswith(CRD_GROUP):
-            custom.append(o)  # Prometheus Operator CRDs: no bundled schema; checked below
+        if o["apiVersion"].split("/")[0] in {v.split("/")[0] for v in CUSTOM_KINDS}:
+            custom.append(o)  # no bundled schema; checked below
             continue
         try:
             kubernetes_validate.validate(o, target, strict=True)
@@ -146,8 +148,7 @@ def test_objects_validate_against_kubernetes_schemas(rendered, pvc_variant, vers
         errors, custom = validate_objects(objects, version)
         assert not errors, f"{name} against Kubernetes {version}:\n" + "\n".join(errors)
         for o in custom:
-            assert o["kind"] in {"ServiceMonitor", "PodMonitor", "PrometheusRule"}, o["kind"]
-            assert o["apiVersion"] == "monitoring.coreos.com/v1"
+            assert o["kind"] in CUSTOM_KINDS.get(o["apiVersion"], set()), f"{o['apiVersion']} {o['kind']}"
             assert o["metadata"].get("name") and isinstance(o.get("spec"), dict)
 
 
@@ -237,18 +238,21 @@ def test_ports_and_probes_match_what_baton_listens_on(rendered):
             env = container_env(objects, c)
             host, grpc_port = port_of(env["BATON_LISTEN"])
             mhost, metrics_port = port_of(env["BATON_METRICS_LISTEN"])
-            assert host == mhost == "0.0.0.0", f"{where}: listens on {host}/{mhost}, unreachable from other pods"
+            hhost, health_port = port_of(env["BATON_HEALTH_LISTEN"])
+            assert host == mhost == hhost == "0.0.0.0", f"{where}: listens on {host}/{mhost}/{hhost}, unreachable"
             ports = named_ports(c)
-            assert ports == {"grpc": grpc_port, "metrics": metrics_port}, f"{where}: ports {ports}"
+            assert ports == {"grpc": grpc_port, "metrics": metrics_port, "health": health_port}, f"{where}: ports {ports}"
             assert set(ports.values()) == image_ports(), f"{where}: the image EXPOSEs {image_ports()}"
             assert port_of(image_env["BATON_LISTEN"])[1] == grpc_port
             assert port_of(image_env["BATON_METRICS_LISTEN"])[1] == metrics_port
+            assert port_of(image_env["BATON_HEALTH_LISTEN"])[1] == health_port
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 p = c.get(probe)
                 assert p, f"{where}: no {probe}"
-                # Native gRPC probe on grpc.health.v1: the server-wide status (service "").
+                # Native gRPC probe on grpc.health.v1: the server-wide status (service ""), on the
+                # plaintext health port (the kubelet speaks no TLS; the gRPC port requires it).
                 assert set(p) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, f"{where}: {probe} {p}"
-                assert p["grpc"]["port"] == grpc_port, f"{where}: {probe} probes port {p['grpc']['port']}"
+                assert p["grpc"]["port"] == health_port, f"{where}: {probe} probes port {p['grpc']['port']}"
                 assert p["grpc"].get("service", "") == "", f"{where}: baton reports only the server-wide status"
 
 
@@ -285,6 +289,55 @@ def test_frontend_discovers_workers_through_headless_services(rendered):
             assert port == grpc == worker_listen, f"{name}: --{role}-dns port {port}, workers listen on {worker_listen}"
             if "." in host:
                 assert host.split(".")[1] == svc[0]["metadata"]["namespace"]
+
+
+# ---- transport security -----------------------------------------------------------------------
+
+def secret_file(objects, dep, container, path):
+    """(Secret name, key) of the file at `path` in a container: a mounted Secret volume's key."""
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        prefix = m["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix) and "secret" in volumes.get(m["name"], {}):
+            assert m.get("readOnly"), f"{m['name']} is mounted writable"
+            return volumes[m["name"]]["secret"]["secretName"], path[len(prefix):]
+    return None, None
+
+
+def test_every_plane_is_authenticated_with_mounted_certificates(rendered):
+    """No role runs --insecure: the internal plane is mutual TLS on every role and the public API
+    TLS, each file a key of a mounted Secret that a cert-manager Certificate issues (with the keys
+    cert-manager writes), for names the Services use."""
+    for name, objects in rendered.items():
+        certificates = {c["spec"]["secretName"]: c for c in find(objects, "Certificate")}
+        for role in ROLES:
+            dep = deployment(objects, role)
+            c = main_container(dep)
+            env = container_env(objects, c)
+            where = f"{name} {role}"
+            assert "--insecure" not in c.get("args", []) and env.get("BATON_INSECURE") in (None, "false"), where
+            wanted = {"BATON_INTERNAL_TLS_CERT": "tls.crt", "BATON_INTERNAL_TLS_KEY": "tls.key",
+                      "BATON_INTERNAL_TLS_CA": "ca.crt"}
+            if role == "frontend":
+                wanted |= {"BATON_TLS_CERT": "tls.crt", "BATON_TLS_KEY": "tls.key"}
+            for var, key in wanted.items():
+                assert var in env, f"{where}: {var} is not set"
+                secret, got = secret_file(objects, dep, c, env[var])
+                assert secret, f"{where}: {var}={env[var]} is in no mounted Secret"
+                assert got == key, f"{where}: {var} reads key {got} of Secret {secret}; cert-manager writes {key}"
+                assert secret in certificates, f"{where}: no Certificate issues Secret {secret}"
+            internal = certificates[secret_file(objects, dep, c, env["BATON_INTERNAL_TLS_CERT"])[0]]["spec"]
+            assert {"server auth", "client auth"} <= set(internal["usages"]), f"{where}: {internal['usages']}"
+            assert {"baton-prefill", "baton-decode"} <= set(internal["dnsNames"])
+        front = deployment(objects, "frontend")
+        fenv = container_env(objects, main_container(front))
+        public = certificates[secret_file(objects, front, main_container(front), fenv["BATON_TLS_CERT"])[0]]["spec"]
+        assert "baton" in public["dnsNames"], f"{name}: the public certificate does not name Service baton"
+        issuers = {i["metadata"]["name"] for i in find(objects, "Issuer")}
+        for cert in certificates.values():
+            assert cert["spec"]["issuerRef"]["name"] in issuers, f"{name}: {cert['metadata']['name']}'s issuer"
+        # The two planes trust different CAs: a public certificate opens no worker.
+        assert internal["issuerRef"]["name"] != public["issuerRef"]["name"]
 
 
 # ---- draining ----------------------------------------------------------------------------------

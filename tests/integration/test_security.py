@@ -131,6 +131,7 @@ def internal_calls(pb, channel, fingerprint="x"):
     """Every internal RPC, each called once on `channel`: {name: grpc.StatusCode}."""
     w, wg = pb.worker, pb.worker_grpc
     prefill, decode = wg.PrefillWorkerStub(channel), wg.DecodeWorkerStub(channel)
+    device = wg.DecodeKvDeviceStub(channel)  # the cuda_ipc / nccl hand-off (builds with CUDA)
 
     def code(fn):
         try:
@@ -150,6 +151,8 @@ def internal_calls(pb, channel, fingerprint="x"):
         "Release": code(lambda: decode.Release(w.ReleaseRequest(request_id="x"), timeout=5)),
         "TransferKv": code(lambda: decode.TransferKv(iter([w.KvMessage()]), timeout=5)),
         "DecodeWorker.GetLoad": code(lambda: decode.GetLoad(w.LoadRequest(), timeout=5)),
+        "TransferKvDevice": code(lambda: device.TransferKvDevice(iter([w.KvDeviceMessage()]), timeout=5)),
+        "BootstrapNccl": code(lambda: device.BootstrapNccl(w.NcclBootstrapRequest(), timeout=5)),
     }
 
 
