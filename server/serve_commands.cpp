@@ -345,9 +345,10 @@ struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
   std::unique_ptr<RpcServer> server;
 
-  // The listener stays open while requests in flight finish (up to `grace`), so a call that
-  // arrives meanwhile hears why it is refused ("this frontend is shutting down; retry on another
-  // replica", UNAVAILABLE) instead of a refused connection that looks like a crash.
+  // The listener stays open while requests in flight finish (up to `grace`), and a second
+  // longer, so a call that arrives meanwhile hears why it is refused ("this frontend is shutting
+  // down; retry on another replica", UNAVAILABLE) instead of gRPC's CANCELLED from a server
+  // already shutting down, or a refused connection that looks like a crash.
   void drain(std::chrono::seconds grace) {
     const auto deadline = std::chrono::steady_clock::now() + grace;
     frontend->set_draining();
@@ -355,6 +356,7 @@ struct FrontendRole {
     while (frontend->n_in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    std::this_thread::sleep_until(std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)));
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
     server->shutdown(std::max(left, std::chrono::seconds(0)));
     frontend->stop();
