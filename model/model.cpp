@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "kernels/sampling.h"
@@ -101,12 +102,50 @@ uint64_t next_buffers_generation() {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress) {
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress,
+                                           Weights weights) {
   BATON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
   auto model = std::unique_ptr<Model>(new Model(config, backend));
+  model->weights_ = weights;
   BATON_RETURN_IF_ERROR(model->load_weights(file, progress));
   model->fingerprint_ = model_fingerprint(config, file);
   return model;
+}
+
+Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
+                                                 const std::vector<std::pair<std::string, int64_t>>& parts,
+                                                 int64_t cols) {
+  const bool native = weights_ != Weights::kDense;
+  int64_t rows = 0;
+  std::vector<float> dense;
+  std::vector<uint8_t> blocks;
+  std::optional<GgmlType> type;
+  bool same_type = true;
+  for (const auto& [name, part_rows] : parts) {
+    BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols));  // checks shape, finite
+    rows += part_rows;
+    const GgufTensorInfo& info = *f.tensor(name);
+    if (native) {
+      same_type = same_type && (!type || *type == info.type);
+      type = info.type;
+      const auto bytes = f.tensor_data(info);
+      blocks.insert(blocks.end(), bytes.begin(), bytes.end());
+    }
+    if (dense.empty()) {
+      dense = std::move(values);
+    } else {
+      dense.insert(dense.end(), values.begin(), values.end());
+    }
+  }
+  if (native && same_type) {
+    const float* keep_dense = weights_ == Weights::kNativeAndDense ? dense.data() : nullptr;
+    if (auto m = backend_.make_quantized_matrix(static_cast<uint32_t>(*type), blocks, rows, cols, keep_dense)) {
+      ++n_native_;
+      return m;
+    }
+  }
+  ++n_dense_;
+  return backend_.make_matrix(dense.data(), rows, cols, MatrixUse::kGemm);
 }
 
 Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
@@ -121,12 +160,8 @@ Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
   }
   BATON_ASSIGN_OR_RETURN(std::vector<float> embd, load_tensor(f, "token_embd.weight", c.n_vocab, c.dim));
   tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
-  if (c.tied_output) {
-    lm_head_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kGemm);
-  } else {
-    BATON_ASSIGN_OR_RETURN(std::vector<float> out, load_tensor(f, "output.weight", c.n_vocab, c.dim));
-    lm_head_ = be.make_matrix(out.data(), c.n_vocab, c.dim, MatrixUse::kGemm);
-  }
+  embd = {};
+  BATON_ASSIGN_OR_RETURN(lm_head_, load_gemm(f, {{c.tied_output ? "token_embd.weight" : "output.weight", c.n_vocab}}, c.dim));
   BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, load_tensor(f, "output_norm.weight", 1, c.dim));
   out_norm_ = be.make_matrix(onorm.data(), 1, c.dim, MatrixUse::kVector);
 
@@ -140,12 +175,8 @@ Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
     w.ffn_norm = be.make_matrix(fn.data(), 1, c.dim, MatrixUse::kVector);
 
     // q, k, v stacked by rows into one [q_dim + 2 kv_dim, dim] matrix: one GEMM per step.
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wq, load_tensor(f, p + "attn_q.weight", q_dim, c.dim));
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wk, load_tensor(f, p + "attn_k.weight", kv_dim, c.dim));
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wv, load_tensor(f, p + "attn_v.weight", kv_dim, c.dim));
-    wq.insert(wq.end(), wk.begin(), wk.end());
-    wq.insert(wq.end(), wv.begin(), wv.end());
-    w.wqkv = be.make_matrix(wq.data(), q_dim + 2 * kv_dim, c.dim, MatrixUse::kGemm);
+    BATON_ASSIGN_OR_RETURN(w.wqkv, load_gemm(f, {{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim},
+                                                 {p + "attn_v.weight", kv_dim}}, c.dim));
     if (c.qkv_bias) {
       BATON_ASSIGN_OR_RETURN(std::vector<float> bq, load_tensor(f, p + "attn_q.bias", 1, q_dim));
       BATON_ASSIGN_OR_RETURN(std::vector<float> bk, load_tensor(f, p + "attn_k.bias", 1, kv_dim));
@@ -154,15 +185,10 @@ Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
       bq.insert(bq.end(), bv.begin(), bv.end());
       w.bqkv = be.make_matrix(bq.data(), 1, q_dim + 2 * kv_dim, MatrixUse::kVector);
     }
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wo, load_tensor(f, p + "attn_output.weight", c.dim, q_dim));
-    w.wo = be.make_matrix(wo.data(), c.dim, q_dim, MatrixUse::kGemm);
-
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wg, load_tensor(f, p + "ffn_gate.weight", c.ffn_dim, c.dim));
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wu, load_tensor(f, p + "ffn_up.weight", c.ffn_dim, c.dim));
-    wg.insert(wg.end(), wu.begin(), wu.end());
-    w.w_gate_up = be.make_matrix(wg.data(), 2 * static_cast<int64_t>(c.ffn_dim), c.dim, MatrixUse::kGemm);
-    BATON_ASSIGN_OR_RETURN(std::vector<float> wd, load_tensor(f, p + "ffn_down.weight", c.dim, c.ffn_dim));
-    w.w_down = be.make_matrix(wd.data(), c.dim, c.ffn_dim, MatrixUse::kGemm);
+    BATON_ASSIGN_OR_RETURN(w.wo, load_gemm(f, {{p + "attn_output.weight", c.dim}}, q_dim));
+    BATON_ASSIGN_OR_RETURN(w.w_gate_up, load_gemm(f, {{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}},
+                                                  c.dim));
+    BATON_ASSIGN_OR_RETURN(w.w_down, load_gemm(f, {{p + "ffn_down.weight", c.dim}}, c.ffn_dim));
     if (progress) progress(l + 1, c.n_layers);
   }
   return {};

@@ -1,7 +1,8 @@
 // The Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or untied LM head),
 // written once against Backend. Weights are dequantised from GGUF at load and handed to the
-// backend in its compute dtype; q/k/v and gate/up are fused so each step runs one GEMM per
-// projection group over all its tokens.
+// backend in its compute dtype, or, with native weights, kept in the file's quantised blocks
+// where the backend has kernels for them (Backend::make_quantized_matrix); q/k/v and gate/up are
+// fused so each step runs one GEMM per projection group over all its tokens.
 #pragma once
 
 #include <functional>
@@ -32,11 +33,23 @@ class Model {
   // Loads every tensor of `file` onto `backend` (which must outlive the model). Shapes are
   // checked against the config; a missing or misshapen tensor is an error naming it.
   // `progress`, when set, is called with (layers loaded, total layers) as loading proceeds.
+  // Which representation GEMM weights get (weights of types without native kernels are dense).
+  // Every tensor is dequantised and checked finite whichever it is.
+  enum class Weights {
+    kDense,            // dequantised, in the backend's compute dtype
+    kNative,           // the file's quantised blocks: decode-sized steps read 4-8 bits a weight
+    kNativeAndDense,   // both: native for steps of up to Backend::kNativeMaxRows tokens, dense
+                       // above (a process that prefills and decodes, e.g. baton generate)
+  };
   using LoadProgress = std::function<void(int done, int total)>;
-  static Result<std::unique_ptr<Model>> load(const GgufFile& file, Backend& backend, const LoadProgress& progress = {});
+  static Result<std::unique_ptr<Model>> load(const GgufFile& file, Backend& backend, const LoadProgress& progress = {},
+                                             Weights weights = Weights::kDense);
 
   const ModelConfig& config() const { return config_; }
   const std::string& fingerprint() const { return fingerprint_; }
+  // GEMM weights kept quantised / dense (native_weights loads count the first).
+  int n_native_matrices() const { return n_native_; }
+  int n_dense_matrices() const { return n_dense_; }
   Backend& backend() const { return backend_; }
 
   // A paged KV cache for this model: n_blocks blocks of block_size tokens, in `dtype`.
@@ -53,6 +66,9 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
   Status load_weights(const GgufFile& file, const LoadProgress& progress);
+  // A GEMM weight: the tensors `parts` ({name, rows}) stacked by rows, each `cols` wide.
+  Result<std::unique_ptr<Matrix>> load_gemm(const GgufFile& file,
+                                            const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols);
   void reserve(int64_t n_tokens);
   void reserve_logits(int64_t n_rows);
   // The step's ops up to the logits (in logits_), between the backend's begin/end_step.
@@ -65,6 +81,9 @@ class Model {
   std::unique_ptr<Matrix> out_norm_;   // (dim)
   std::unique_ptr<Matrix> lm_head_;    // (n_vocab, dim) gemm weight
   std::vector<LayerWeights> layers_;
+  Weights weights_ = Weights::kDense;
+  int n_native_ = 0;
+  int n_dense_ = 0;
 
   // Activations, sized for `capacity_` tokens and grown on demand. x_ is the f32 residual stream;
   // the others are in the backend's activation dtype.

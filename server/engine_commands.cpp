@@ -75,6 +75,7 @@ struct GenerateArgs {
   std::string dtype = "bf16";
   std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
   int block_size = 16;
+  std::string weights = "auto";
 };
 
 // Flags are checked against the dtype names by CLI11 before this runs.
@@ -124,7 +125,8 @@ int run_generate(const GenerateArgs& a) {
   const Result<DType> kv_dtype = resolve_kv_dtype(*backend, a.kv_dtype);
   if (!kv_dtype.ok()) return fail(kv_dtype.status());
   // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
-  auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{});
+  auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{},
+                           weights_plan(a.weights, *backend, /*decodes=*/true, /*prefills=*/true));
   if (!model.ok()) return fail_model(model.status());
 
   GenerateOptions go;
@@ -185,6 +187,18 @@ int run_tokenize(const std::string& model, const std::string& text, bool no_spec
 
 }  // namespace
 
+bool use_native_weights(const std::string& weights, const Backend& backend, bool decodes) {
+  if (weights == "native") return true;
+  if (weights == "dense") return false;
+  return decodes && backend.native_weights_fast() && backend.compute_dtype() == DType::kBF16;
+}
+
+Model::Weights weights_plan(const std::string& weights, const Backend& backend, bool decodes, bool prefills) {
+  if (!use_native_weights(weights, backend, decodes)) return Model::Weights::kDense;
+  if (weights == "native") return Model::Weights::kNative;  // asked for: every step on native weights
+  return prefills ? Model::Weights::kNativeAndDense : Model::Weights::kNative;
+}
+
 int exit_with_error(const Status& s) {
   std::fprintf(stderr, "baton: error: %s\n", s.message().c_str());
   return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
@@ -216,6 +230,7 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   g->add_option("--device", gen->device, "cpu, or cuda[:N] for the CUDA backend (bf16)");
   g->add_option("--dtype", gen->dtype, "GEMM compute type: bf16 (default where supported) or f32 (exact, CPU only)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  g->add_option("--weights", gen->weights, kWeightsHelp)->check(CLI::IsMember({"auto", "native", "dense"}));
   g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16 (default: f32 on CPU, bf16 on CUDA)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   g->add_option("--block-size", gen->block_size, "KV block size in tokens")->check(CLI::Range(1, 4096));
   g->callback([gen, run, g] {

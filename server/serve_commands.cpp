@@ -51,6 +51,7 @@ struct ServeArgs {
   std::string dtype = "bf16";
   std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
   std::string kv_transport = "tcp";  // prefill: how KV reaches decode workers (tcp | cuda_ipc | nccl)
+  std::string weights = "auto";      // auto | native | dense (engine_commands.h)
   int block_size = 16;
   int kv_blocks = 0;
   // frontend
@@ -155,7 +156,9 @@ struct LoadedModel {
   DType kv_dtype = DType::kF32;  // --kv-dtype, or the backend's default
 };
 
-Result<LoadedModel> load_model(const ServeArgs& a) {
+// `decodes`: the model is a decode worker's (--weights auto keeps its weights quantised where that
+// is faster; a prefill worker's GEMMs are large and stay dense).
+Result<LoadedModel> load_model(const ServeArgs& a, bool decodes) {
   LoadedModel m;
   BackendOptions bo;
   bo.device = a.device;
@@ -170,7 +173,10 @@ Result<LoadedModel> load_model(const ServeArgs& a) {
   BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend,
                                               load_progress_reporter(a.model, [](const std::string& line) {
                                                 spdlog::info("{}", line);
-                                              })));
+                                              }),
+                                              weights_plan(a.weights, *m.backend, decodes, /*prefills=*/!decodes)));
+  spdlog::info("weights: {} GEMM matrices quantised (native), {} dense ({})", m.model->n_native_matrices(),
+               m.model->n_dense_matrices(), dtype_name(m.backend->compute_dtype()));
   return m;
 }
 
@@ -289,7 +295,7 @@ struct DecodeRole {
 Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Security& sec, const std::string& listen,
                                                  const std::string& name, Metrics* metrics) {
   auto r = std::make_unique<DecodeRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/true));
   DecodeConfig dc;
   dc.max_batch = a.max_batch;
   dc.block_size = a.block_size;
@@ -325,7 +331,7 @@ struct PrefillRole {
 Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Security& sec, const std::string& listen,
                                                    const std::string& name, Metrics* metrics) {
   auto r = std::make_unique<PrefillRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a));
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/false));
   PrefillConfig pc;
   pc.token_budget = a.prefill_token_budget;
   pc.block_size = a.block_size;
@@ -590,6 +596,9 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--kv-dtype", a.kv_dtype, "KV cache type (default: f32 on CPU, bf16 on CUDA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->envname("BATON_KV_DTYPE");
+  c->add_option("--weights", a.weights, kWeightsHelp)
+      ->check(CLI::IsMember({"auto", "native", "dense"}))
+      ->envname("BATON_WEIGHTS");
   c->add_option("--kv-transport", a.kv_transport,
                 "Prefill: how KV reaches decode workers: tcp (gRPC, anywhere), cuda_ipc (same node), nccl")
       ->check(CLI::IsMember({"tcp", "cuda_ipc", "nccl"}))

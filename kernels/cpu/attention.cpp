@@ -26,6 +26,10 @@ constexpr int kMaxHeadDim = 256;
 // Sequences with at least this many new tokens use the tile-matmul path: below it the per-tile
 // matmul overhead outweighs the matrix units (decode steps and short chunks stay direct).
 constexpr int kTiledMinTokens = 16;
+// Items with at most this many query rows (decode steps: one position × the GQA group) read an
+// f32 cache in place, one key row at a time, instead of gathering K transposed: the gather's
+// per-element copies cost more than the few rows' dot products they would vectorise.
+constexpr int kDirectMaxRows = 8;
 
 struct WorkItem {
   int seq;
@@ -69,7 +73,47 @@ void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, cons
 
   const int32_t first_pos = sv.kv_offset + it.q0;       // position of the tile's first query
   const int32_t n_keys = first_pos + it.n_q;            // keys [0, last query position]
-  for (int32_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+  if (kv.dtype == DType::kF32 && rows <= kDirectMaxRows) {
+    const float* kpool = static_cast<const float*>(kv.k);
+    const float* vpool = static_cast<const float*>(kv.v);
+    const float* krow[kKeyTile];
+    const float* vrow[kKeyTile];
+    for (int32_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+      const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
+      for (int j = 0; j < kn; ++j) {
+        const size_t off = kv_offset_of(kv, sv, k0 + j, it.g);
+        krow[j] = kpool + off;
+        vrow[j] = vpool + off;
+      }
+      const bool crosses_diagonal = k0 + kKeyTile - 1 > first_pos;
+      for (int r = 0; r < rows; ++r) {
+        float* sr = S + static_cast<size_t>(r) * kKeyTile;
+        const float* qr = Q + static_cast<size_t>(r) * hd;
+        for (int j = 0; j < kn; ++j) {
+          const float* kj = krow[j];
+          float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+          for (int d = 0; d < hd; ++d) acc += qr[d] * kj[d];
+          sr[j] = acc;
+        }
+        const int32_t limit =
+            crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+        const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &sc.m[r]);
+        sc.l[r] = sc.l[r] * st.alpha + st.sum;
+        float* orow = O + static_cast<size_t>(r) * hd;
+        const float alpha = st.alpha;
+#pragma omp simd
+        for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+        for (int j = 0; j < limit; ++j) {
+          const float p = sr[j];
+          const float* vj = vrow[j];
+#pragma omp simd
+          for (int d = 0; d < hd; ++d) orow[d] += p * vj[d];
+        }
+      }
+    }
+  }
+  for (int32_t k0 = 0; k0 < n_keys && !(kv.dtype == DType::kF32 && rows <= kDirectMaxRows); k0 += kKeyTile) {
     const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
     for (int j = 0; j < kn; ++j) {
       const size_t off = kv_offset_of(kv, sv, k0 + j, it.g);

@@ -16,6 +16,7 @@
 #include "common/check.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/quant_gemm.h"
 
 namespace baton {
 namespace {
@@ -58,6 +59,14 @@ class CpuGemmMatrix final : public Matrix {
   std::mutex mu;
   // (M, ld of x, ld of y, accumulate, bias) -> primitive
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, dnnl::matmul> primitives;
+};
+
+// A gemm weight in the model file's quantised blocks, repacked (kernels/cpu/quant_gemm.h).
+class CpuQuantMatrix final : public Matrix {
+ public:
+  explicit CpuQuantMatrix(cpu::QuantWeights w) : Matrix(w.n, w.k), weights(std::move(w)) {}
+  cpu::QuantWeights weights;
+  std::unique_ptr<Matrix> dense;  // for steps of more than kNativeMaxRows rows; may be null
 };
 
 class CpuKvCache final : public KvCache {
@@ -119,11 +128,31 @@ class CpuBackend final : public Backend {
     return m;
   }
 
+  std::unique_ptr<Matrix> make_quantized_matrix(uint32_t ggml_type, std::span<const uint8_t> blocks, int64_t rows,
+                                                int64_t cols, const float* dense) override {
+    if (!cpu::quant_type_supported(ggml_type)) return nullptr;
+    auto w = cpu::repack_quant(ggml_type, blocks, rows, cols);
+    if (!w.ok()) return nullptr;
+    auto m = std::make_unique<CpuQuantMatrix>(std::move(*w));
+    if (dense != nullptr) m->dense = make_matrix(dense, rows, cols, MatrixUse::kGemm);
+    return m;
+  }
+  bool native_weights_fast() const override { return cpu::quant_gemm_fast(); }
+
   std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& config) override {
     return std::make_unique<CpuKvCache>(config);
   }
 
   void gemm(const Tensor& x, const Matrix& w_base, const Matrix* bias, const Tensor& y, bool accumulate) override {
+    if (const auto* q = dynamic_cast<const CpuQuantMatrix*>(&w_base)) {
+      if (q->dense && x.rows > kNativeMaxRows) {
+        gemm(x, *q->dense, bias, y, accumulate);
+        return;
+      }
+      const float* b = bias ? static_cast<const CpuVector*>(bias)->data.data() : nullptr;
+      cpu::quant_gemm(x, q->weights, b, y, accumulate);
+      return;
+    }
     auto& w = const_cast<CpuGemmMatrix&>(dynamic_cast<const CpuGemmMatrix&>(w_base));
     const int64_t m = x.rows, k = x.cols, n = w.rows();
     BATON_CHECK(k == w.cols() && y.rows == m && y.cols == n, "gemm shapes: x [%ld, %ld], w [%ld, %ld], y [%ld, %ld]",
