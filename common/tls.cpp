@@ -9,6 +9,8 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <arpa/inet.h>
+#include <netdb.h>
 
 #include <algorithm>
 #include <fstream>
@@ -67,15 +69,52 @@ std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> file_provide
   return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files.key, files.cert, files.ca, seconds);
 }
 
-// Host part of a gRPC peer string: "ipv4:10.0.0.7:41234" → "ipv4:10.0.0.7", "ipv6:[::1]:5" →
-// "ipv6:[::1]"; anything else whole.
+}  // namespace
+
+// "ipv6:[::1]:5" → "ipv6:[::1]"; anything that is not ipv4:/ipv6: whole.
 std::string peer_host(const std::string& peer) {
   if (peer.rfind("ipv4:", 0) != 0 && peer.rfind("ipv6:", 0) != 0) return peer;
   const size_t colon = peer.rfind(':');
-  return colon > 5 ? peer.substr(0, colon) : peer;
+  std::string host = colon > 5 ? peer.substr(0, colon) : peer;
+  // An IPv4 peer of a dual-stack listener ("ipv6:[::ffff:10.0.0.7]") is that IPv4 address.
+  constexpr std::string_view kMapped = "ipv6:[::ffff:";
+  if (host.rfind(kMapped, 0) == 0 && host.back() == ']' && host.find('.') != std::string::npos) {
+    host = "ipv4:" + host.substr(kMapped.size(), host.size() - kMapped.size() - 1);
+  }
+  return host;
 }
 
-}  // namespace
+std::vector<std::string> peer_hosts_of(const std::string& address) {
+  std::string host = address;
+  if (!host.empty() && host.front() == '[') {
+    const size_t end = host.find(']');
+    host = host.substr(1, end == std::string::npos ? std::string::npos : end - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    std::string h;
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, buf, sizeof buf);
+      h = std::string("ipv4:") + buf;
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, buf, sizeof buf);
+      h = std::string("ipv6:[") + buf + "]";
+    } else {
+      continue;
+    }
+    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+  }
+  freeaddrinfo(res);
+  return out;
+}
 
 Status check_tls_files(const TlsFiles& files, const TlsFlagNames& flags, bool need_ca) {
   const std::string cert_flag = flags.cert, key_flag = flags.key, ca_flag = flags.ca;

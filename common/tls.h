@@ -22,6 +22,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -77,6 +78,14 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> client_channel_credentials(con
 // reconnected channel is the same peer) and, over TLS, the certificate's subject (its subject
 // alternative names when it has no subject).
 std::string peer_identity(const grpc::ServerContextBase& context);
+
+// The host part of a peer (context.peer()): "ipv4:10.0.0.7:41234" → "ipv4:10.0.0.7" (an
+// IPv4-mapped IPv6 peer becomes its IPv4 form).
+std::string peer_host(const std::string& peer);
+// The peer hosts an address (host:port, the host a name or an IP) can connect from, in
+// peer_host's form: an IP itself, a name every address it resolves to. Empty when it does not
+// resolve.
+std::vector<std::string> peer_hosts_of(const std::string& address);
 
 // True for 127.0.0.0/8, ::1 and localhost (with a port or not) and unix: sockets: addresses only
 // this host can reach. 0.0.0.0 and [::] listen on every interface.

@@ -300,6 +300,11 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
     return failed_precondition("request " + id + " is not admitted (or no longer waiting for KV) on decode worker " +
                                config_.name);
   }
+  const auto& senders = seq->admit.kv_senders;
+  if (!senders.empty() && std::find(senders.begin(), senders.end(), h.sender) == senders.end()) {
+    return permission_denied("KV for request " + id + " comes from " + h.sender +
+                             ", not from the prefill worker its Admit named");
+  }
   if (h.n_tokens != seq->admit.n_prompt_tokens) {
     return invalid_argument("KV for request " + id + " covers " + n_str(h.n_tokens) + " tokens but " +
                             n_str(seq->admit.n_prompt_tokens) + " were admitted");

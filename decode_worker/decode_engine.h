@@ -74,6 +74,9 @@ struct DecodeAdmit {
   // Who admitted it (common/tls.h's peer_identity): when set, attach and release are honoured
   // only from the same owner. "" = no check (in-process callers).
   std::string owner;
+  // The hosts ("ipv4:10.0.0.5") the KV may come from (the prefill worker Admit named); empty =
+  // any. kv_begin from another host is PERMISSION_DENIED.
+  std::vector<std::string> kv_senders;
 };
 
 // One event of a request's stream. token_ids are new tokens (tokens 2..N: the first token reached

@@ -201,6 +201,15 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
   const auto asked = steady_deadline(context->deadline());
   admit.deadline = asked ? std::min(*asked, attach_by) : attach_by;
   admit.owner = peer_identity(*context);
+  if (!request->kv_sender().empty()) {
+    admit.kv_senders = peer_hosts_of(request->kv_sender());
+    if (admit.kv_senders.empty()) {
+      auto* reactor = context->DefaultReactor();
+      reactor->Finish(to_grpc(unavailable("cannot resolve the KV sender '" + request->kv_sender() +
+                                          "' named by the Admit of request " + request->request_id())));
+      return reactor;
+    }
+  }
   const Status st = engine_.admit(admit, &reserved);
   if (st.ok()) response->set_reserved_blocks(reserved);
   auto* reactor = context->DefaultReactor();

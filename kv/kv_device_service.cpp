@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "kv/kv_cuda_status.h"
 #include "kv/kv_stream_check.h"
 #include "kv/tcp/tcp_transport.h"
@@ -56,7 +57,9 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   }
   if (!message.has_open()) return invalid_argument("the first KV message must be the open (header)");
   const baton::v1::KvDeviceOpen& open = message.open();
-  BATON_RETURN_IF_ERROR(check.begin(kv_header_from_proto(open.header())));
+  KvTransferHeader header = kv_header_from_proto(open.header());
+  header.sender = peer_host(context->peer());
+  BATON_RETURN_IF_ERROR(check.begin(std::move(header)));
   const std::string& id = check.header().request_id;
 
   BATON_RETURN_IF_ERROR(use_device(config_.device));

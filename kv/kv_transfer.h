@@ -24,6 +24,7 @@ struct KvTransferHeader {
   int32_t n_tokens = 0;
   int32_t first_token = 0;         // sampled by the prefill worker
   std::vector<int32_t> token_ids;  // the n_tokens tokens whose KV this is
+  std::string sender;              // receiving side: the sending peer's host (common/tls.h peer_identity's first part)
 };
 
 struct KvChunk {

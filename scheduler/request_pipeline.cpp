@@ -187,6 +187,7 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   call.sampling = req_.sampling;
   call.ignore_eos = req_.ignore_eos;
   call.model_fingerprint = req_.model_fingerprint;
+  call.kv_sender = placement.prefill_address;
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   deps_.client->admit(placement.decode_address, call, req_.call_deadline,
                       [weak, attempt, client = deps_.client, addr = placement.decode_address,

@@ -32,6 +32,7 @@ struct AdmitCall {
   SamplingParams sampling;
   bool ignore_eos = false;
   std::string model_fingerprint;
+  std::string kv_sender;  // the prefill worker's address: the only host the decode worker takes this KV from
 };
 
 struct PrefillCall {

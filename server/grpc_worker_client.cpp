@@ -16,6 +16,7 @@ v1::AdmitRequest to_proto(const AdmitCall& c) {
   sampling_to_proto(c.sampling, r.mutable_sampling());
   r.set_ignore_eos(c.ignore_eos);
   r.set_model_fingerprint(c.model_fingerprint);
+  r.set_kv_sender(c.kv_sender);
   return r;
 }
 

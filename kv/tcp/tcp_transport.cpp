@@ -6,6 +6,7 @@
 
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "kv/kv_stream_check.h"
 
 namespace baton {
@@ -140,7 +141,9 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
 
  private:
   Status on_header() {
-    BATON_RETURN_IF_ERROR(check_.begin(kv_header_from_proto(message_.header())));
+    KvTransferHeader header = kv_header_from_proto(message_.header());
+    header.sender = peer_host(context_->peer());
+    BATON_RETURN_IF_ERROR(check_.begin(std::move(header)));
     BATON_RETURN_IF_ERROR(receiver_.kv_begin(check_.header()));
     begun_ = true;
     return {};

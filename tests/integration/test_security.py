@@ -9,7 +9,8 @@ processes with real certificates made here by `openssl`:
 - a role that would listen beyond loopback unauthenticated refuses to start (unless --insecure),
   and bad certificate files stop it with the flag named;
 - kubelet's probes get a plaintext port that serves grpc.health.v1 and nothing else;
-- Stream and Release of a decode reservation are honoured only from the peer that admitted it;
+- Stream and Release of a decode reservation are honoured only from the peer that admitted it,
+  and its KV only from the prefill worker the Admit named;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
 
 import os
@@ -336,6 +337,35 @@ def test_stream_and_release_only_from_the_admitting_peer(pb, pki, test_model, se
         time.sleep(0.05)
     a.close()
     b.close()
+
+
+def test_kv_only_from_the_prefill_worker_the_admit_named(pb, pki, test_model, server_factory):
+    """A deployment member that knows a request id still cannot write its KV: the decode worker
+    takes it only from the host the Admit named (kv_sender)."""
+    decode = server_factory(test_model, *internal_flags(pki, "decode"), subcommand=("serve", "--role", "decode"))
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["frontend"])) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+        fingerprint = stub.GetLoad(pb.worker.LoadRequest(), timeout=5).model_fingerprint
+
+        def transfer(kv_sender):
+            rid = os.urandom(16).hex()
+            stub.Admit(pb.worker.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender=kv_sender,
+                                              model_fingerprint=fingerprint), timeout=10)
+            header = pb.worker.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2,
+                                        n_kv_heads=2, head_dim=16, n_tokens=8, first_token=1, token_ids=PROMPT)
+            try:
+                stub.TransferKv(iter([pb.worker.KvMessage(header=header)]), timeout=10)
+                return grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+            finally:
+                stub.Release(pb.worker.ReleaseRequest(request_id=rid), timeout=5)
+
+        code, details = transfer("10.9.9.9:50051")  # another prefill worker's
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "not from the prefill worker" in details, details
+        # The same bytes from the named host get past that check (and end on the missing chunks).
+        code, details = transfer("127.0.0.1:50051")
+        assert code != grpc.StatusCode.PERMISSION_DENIED, details
 
 
 def test_invalid_utf8_names_the_field(pb, shared_server):

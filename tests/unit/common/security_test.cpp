@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -92,6 +93,18 @@ TEST_CASE("loopback addresses are those only this host can reach", "[security]")
                         "[2001:db8::1]:1", "128.0.0.1:5"}) {
     CHECK_FALSE(is_loopback_address(a));
   }
+}
+
+TEST_CASE("peer hosts: a peer's host, and the hosts an address connects from", "[security]") {
+  CHECK(peer_host("ipv4:10.0.0.7:41234") == "ipv4:10.0.0.7");
+  CHECK(peer_host("ipv6:[fd00::1]:5") == "ipv6:[fd00::1]");
+  CHECK(peer_host("ipv6:[::ffff:10.0.0.7]:5") == "ipv4:10.0.0.7");  // dual-stack listener
+  CHECK(peer_host("unix:/tmp/s") == "unix:/tmp/s");
+  CHECK(peer_hosts_of("10.1.2.3:50051") == std::vector<std::string>{"ipv4:10.1.2.3"});
+  CHECK(peer_hosts_of("[fd00::1]:50051") == std::vector<std::string>{"ipv6:[fd00::1]"});
+  const auto local = peer_hosts_of("localhost:1");
+  CHECK(std::find(local.begin(), local.end(), "ipv4:127.0.0.1") != local.end());
+  CHECK(peer_hosts_of("no-such-host.invalid:1").empty());
 }
 
 TEST_CASE("certificate files are checked before anything listens", "[security]") {

@@ -190,6 +190,24 @@ TEST_CASE("cancel, release and abort free the blocks", "[decode]") {
     CHECK(out.status.code() == StatusCode::kCancelled);
     check_all_free(*fx.engine);
   }
+  SECTION("KV only from the prefill worker the Admit named") {
+    const GenerateResult want = reference(fx, prompt, 6, {});
+    DecodeAdmit a = admit_for(fx, "k", 30, 6, {});
+    a.kv_senders = {"ipv4:10.0.0.5", "ipv6:[fd00::5]"};
+    REQUIRE(fx.engine->admit(a).ok());
+    Transfer t = prefill(*fx.ref.model, "k", prompt, {}, 8);
+    t.header.sender = "ipv4:10.0.0.6";
+    const Status refused = fx.engine->kv_begin(t.header);
+    CHECK(refused.code() == StatusCode::kPermissionDenied);
+    CHECK_THAT(refused.message(), Catch::Contains("not from the prefill worker"));
+    Collector out;
+    REQUIRE(fx.engine->attach("k", out.sink()).ok());
+    t.header.sender = "ipv6:[fd00::5]";
+    REQUIRE(send(*fx.engine, t).ok());  // the named one is still welcome: the refusal changed nothing
+    REQUIRE(out.wait_done());
+    CHECK(out.tokens == std::vector<int32_t>(want.tokens.begin() + 1, want.tokens.end()));
+    check_all_free(*fx.engine);
+  }
   SECTION("an aborted transfer keeps the reservation; a retry succeeds; release after abort frees") {
     Transfer t = prefill(*fx.ref.model, "a", prompt, {}, 8);
     const GenerateResult want = reference(fx, prompt, 12, {});
