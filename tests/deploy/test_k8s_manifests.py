@@ -340,6 +340,55 @@ def test_every_plane_is_authenticated_with_mounted_certificates(rendered):
         assert internal["issuerRef"]["name"] != public["issuerRef"]["name"]
 
 
+# ---- network policies -------------------------------------------------------------------------
+
+def ingress_allowed(objects, src_labels, dst_role, port):
+    """Whether the rendered NetworkPolicies let a pod with `src_labels` (None: something outside
+    the namespace's pods) reach `dst_role`'s pods on `port` (a container port name or number)."""
+    dst = deployment(objects, dst_role)
+    labels = dst["spec"]["template"]["metadata"]["labels"]
+    named = named_ports(main_container(dst))
+    number = named.get(port, port)
+    policies = [p for p in find(objects, "NetworkPolicy")
+                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and labels_match(p["spec"]["podSelector"], labels)]
+    if not policies:
+        return True
+    for p in policies:
+        for rule in p["spec"].get("ingress", []):
+            peers = rule.get("from")
+            if peers is not None:
+                if src_labels is None or not any("podSelector" in peer and labels_match(peer["podSelector"], src_labels)
+                                                 for peer in peers):
+                    continue
+            ports = rule.get("ports")
+            def matches(q):
+                if "port" not in q:
+                    return True
+                if "endPort" in q:
+                    return isinstance(number, int) and q["port"] <= number <= q["endPort"]
+                return q["port"] in (port, number) or named.get(q["port"]) == number
+            if ports is None or any(matches(q) for q in ports):
+                return True
+    return False
+
+
+def test_network_policies_allow_only_the_data_flow(rendered):
+    for name, objects in rendered.items():
+        role_labels = {r: deployment(objects, r)["spec"]["template"]["metadata"]["labels"] for r in ROLES}
+        want = {  # (from, to, port): allowed
+            (None, "frontend", "grpc"): True, (None, "prefill", "grpc"): False, (None, "decode", "grpc"): False,
+            ("frontend", "prefill", "grpc"): True, ("frontend", "decode", "grpc"): True,
+            ("prefill", "decode", "grpc"): True, ("decode", "prefill", "grpc"): False,
+            ("decode", "decode", "grpc"): False,
+            (None, "decode", "metrics"): True, (None, "prefill", "health"): True,
+            (None, "decode", 40000): False, ("frontend", "decode", 40000): False,
+            ("prefill", "decode", 40000): name == "gpu", ("decode", "prefill", 40000): name == "gpu",
+        }
+        for (src, dst, port), allowed in want.items():
+            got = ingress_allowed(objects, role_labels.get(src), dst, port)
+            assert got == allowed, f"{name}: {src or 'outside'} -> {dst}:{port} allowed={got}, want {allowed}"
+
+
 # ---- draining ----------------------------------------------------------------------------------
 
 def test_sigterm_drain_fits_the_grace_period(rendered):
