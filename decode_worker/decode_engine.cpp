@@ -249,6 +249,11 @@ Status DecodeEngine::release(const std::string& id, const std::string& owner) {
   return {};
 }
 
+bool DecodeEngine::stalled(DecodeClock::time_point now, std::chrono::nanoseconds limit) const {
+  std::lock_guard lk(mu_);
+  return !in_wait_ && !running_.empty() && now - beat_ > limit;
+}
+
 DecodeLoad DecodeEngine::load() const {
   std::lock_guard lk(mu_);
   DecodeLoad l;
@@ -444,6 +449,7 @@ void DecodeEngine::run() {
   std::unique_lock lk(mu_);
   while (true) {
     work_ = false;
+    beat_ = DecodeClock::now();
     // Step boundary: apply cancellations, deadlines; hand out events.
     for (size_t i = 0; i < running_.size();) {
       SeqPtr seq = running_[i];
@@ -463,11 +469,13 @@ void DecodeEngine::run() {
     }
     if (stopping_) break;
     if (running_.empty()) {
+      in_wait_ = true;  // waiting for work is not a stall, however long
       if (next_wake) {
         cv_.wait_until(lk, *next_wake, [this] { return work_; });
       } else {
         cv_.wait(lk, [this] { return work_; });
       }
+      in_wait_ = false;
       continue;
     }
 

@@ -137,6 +137,9 @@ class DecodeEngine final : public KvReceiver {
 
   DecodeLoad load() const;
   const DecodeConfig& config() const { return config_; }
+  // True when the step loop has sequences to step and has not finished a step (or woken) for
+  // `limit`: a hung kernel or a deadlock. The server turns health NOT_SERVING while it holds.
+  bool stalled(DecodeClock::time_point now, std::chrono::nanoseconds limit) const;
   const Model& model() const { return model_; }
 
   // ---- KvReceiver (the prefill worker's hand-off; contract in kv/kv_transfer.h) ----
@@ -180,6 +183,8 @@ class DecodeEngine final : public KvReceiver {
   std::vector<SeqPtr> running_;         // KV complete, generating, in join order (guarded)
   int n_waiting_ = 0;                   // sequences in kWaitingKv (guarded)
   bool work_ = false;                   // something changed that the engine thread must look at (guarded)
+  DecodeClock::time_point beat_ = DecodeClock::now();  // the loop's last turn (guarded)
+  bool in_wait_ = false;                                // the loop waits for work (guarded)
   bool started_ = false;
   bool stopping_ = false;  // stop() called: refuse new work
   std::thread thread_;

@@ -218,6 +218,11 @@ PrefillLoad PrefillEngine::load() const {
 
 // ---- the step loop -----------------------------------------------------------------------------
 
+bool PrefillEngine::stalled(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !in_wait_ && has_work_locked() && now - beat_ > limit;
+}
+
 bool PrefillEngine::has_work_locked() const {
   if (!running_.empty()) return true;  // unfinished prompts, or cancelled ones to drop
   return !waiting_.empty() && pool_.can_allocate(pool_.blocks_for(waiting_.front()->n_tokens()));
@@ -229,7 +234,10 @@ void PrefillEngine::engine_loop() {
     std::vector<Slice> slices;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      in_wait_ = true;  // waiting for work is not a stall, however long
       work_cv_.wait(lock, [this] { return stopping_ || has_work_locked(); });
+      in_wait_ = false;
+      beat_ = Clock::now();
       if (stopping_) return;
       slices = plan_step_locked(&dropped);
     }

@@ -112,6 +112,9 @@ class PrefillEngine {
 
   PrefillLoad load() const;
   const PrefillConfig& config() const { return config_; }
+  // True when the step loop has prompts it could run and has not finished a step (or woken) for
+  // `limit`: a hung kernel or a deadlock. The server turns health NOT_SERVING while it holds.
+  bool stalled(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds limit) const;
 
   // For tests: steps run so far, and one step on the caller's thread (only while the engine
   // thread is not running). Returns false when there was nothing to do.
@@ -168,6 +171,8 @@ class PrefillEngine {
   int n_sending_ = 0;                                           // jobs in to_send_ or being sent; guarded by mu_
   bool stopping_ = false;                                       // guarded by mu_
   bool senders_stop_ = false;                                   // guarded by mu_
+  Clock::time_point beat_ = Clock::now();                       // the loop's last turn; guarded by mu_
+  bool in_wait_ = false;                                        // the loop waits for work; guarded by mu_
 
   std::atomic<int64_t> n_steps_{0};
   std::atomic<bool> engine_running_{false};

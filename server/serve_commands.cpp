@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,7 @@ struct ServeArgs {
   std::string log_format = "text";
   std::string name;  // metric `worker` label and log name; "" = the listen address
   int drain_timeout = 30;  // seconds in-flight work may take after SIGTERM
+  int stall_timeout = 120;  // workers: seconds a step loop with work may not move before NOT_SERVING (0: off)
   // Security (common/tls.h, common/api_keys.h)
   TlsFiles public_tls;    // frontend: --tls-cert, --tls-key, --tls-client-ca
   TlsFiles internal_tls;  // every role: --internal-tls-cert, --internal-tls-key, --internal-tls-ca
@@ -269,8 +271,67 @@ void block_signals() {
 
 // Each role drains the same way: report draining (frontends route around it) and NOT_SERVING,
 // let in-flight calls finish within `grace` (new ones get UNAVAILABLE), then stop the engine.
+// Watches a worker's step loop: when it has work and has not moved for the stall timeout (a hung
+// kernel, a deadlock) in two looks a second apart, `on_change(true)`; when it moves again,
+// `on_change(false)`. Stops (and joins) when destroyed.
+class StallWatch {
+ public:
+  StallWatch(std::chrono::seconds limit, std::function<bool(std::chrono::nanoseconds)> stalled,
+             std::function<void(bool)> on_change)
+      : thread_([this, limit, stalled = std::move(stalled), on_change = std::move(on_change)] {
+          bool reported = false;
+          int looks = 0;
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
+            looks = stalled(limit) ? looks + 1 : 0;
+            if ((looks >= 2) != reported) {
+              reported = looks >= 2;
+              on_change(reported);
+            }
+          }
+        }) {}
+  ~StallWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+// Health and the load report follow the engine: a stalled step loop makes the worker
+// NOT_SERVING (the liveness probe restarts the pod) and `draining` in its load report (frontends
+// send it nothing new) until it moves again. --stall-timeout 0: not watched.
+template <class WorkerRole>
+void watch_worker(WorkerRole& r, int stall_timeout_s, const std::string& name) {
+  if (stall_timeout_s <= 0) return;
+  r.watch = std::make_unique<StallWatch>(
+      std::chrono::seconds(stall_timeout_s),
+      [engine = r.engine.get()](std::chrono::nanoseconds limit) {
+        return engine->stalled(std::chrono::steady_clock::now(), limit);
+      },
+      [&r, name, stall_timeout_s](bool stalled) {
+        if (stalled) {
+          spdlog::error("{}: the step loop has had work and made no progress for over {} s; reporting NOT_SERVING",
+                        name, stall_timeout_s);
+        } else {
+          spdlog::warn("{}: the step loop moves again; reporting SERVING", name);
+        }
+        r.service->set_draining(stalled);
+        r.server->set_serving(!stalled);
+      });
+}
+
 template <class WorkerRole>
 void drain_worker(WorkerRole& r, std::chrono::seconds grace) {
+  r.watch.reset();  // the drain decides health from here on
   r.service->set_draining(true);
   r.server->set_not_serving();
   r.server->shutdown(grace);
@@ -286,6 +347,7 @@ struct DecodeRole {
   std::unique_ptr<KvDeviceService> kv_device;
 #endif
   std::unique_ptr<RpcServer> server;
+  std::unique_ptr<StallWatch> watch;  // null when --stall-timeout is 0
 
   void drain(std::chrono::seconds grace) { drain_worker(*this, grace); }
 };
@@ -324,6 +386,7 @@ struct PrefillRole {
   std::unique_ptr<PrefillEngine> engine;
   std::unique_ptr<PrefillService> service;
   std::unique_ptr<RpcServer> server;
+  std::unique_ptr<StallWatch> watch;  // null when --stall-timeout is 0
 
   void drain(std::chrono::seconds grace) { drain_worker(*this, grace); }
 };
@@ -495,6 +558,7 @@ int run_serve(const ServeArgs& a) {
   if (a.role == "decode") {
     auto r = start_decode(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
+    watch_worker(**r, a.stall_timeout, "decode worker");
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
     if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
     print_listening((*r)->server->port());
@@ -503,6 +567,7 @@ int run_serve(const ServeArgs& a) {
   } else if (a.role == "prefill") {
     auto r = start_prefill(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
     if (!r.ok()) return fail(r.status());
+    watch_worker(**r, a.stall_timeout, "prefill worker");
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
     if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
     print_listening((*r)->server->port());
@@ -661,6 +726,11 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--drain-timeout", a.drain_timeout, "Seconds in-flight requests may take after SIGTERM")
       ->check(CLI::Range(0, 3600))
       ->envname("BATON_DRAIN_TIMEOUT");
+  c->add_option("--stall-timeout", a.stall_timeout,
+                "Workers: seconds a step loop that has work may make no progress before the worker reports "
+                "NOT_SERVING (0: never)")
+      ->check(CLI::Range(0, 86400))
+      ->envname("BATON_STALL_TIMEOUT");
   c->add_option("--tls-cert", a.public_tls.cert, "Frontend: PEM certificate chain of the public API (TLS)")
       ->envname("BATON_TLS_CERT");
   c->add_option("--tls-key", a.public_tls.key, "Frontend: PEM private key of --tls-cert")->envname("BATON_TLS_KEY");

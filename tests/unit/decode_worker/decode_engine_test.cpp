@@ -422,3 +422,25 @@ TEST_CASE("decode config is validated in one place", "[decode]") {
   m.head_dim = 64;
   CHECK(decode_kv_block_bytes(m, 16, DType::kBF16) == 2 * 30 * 16 * 3 * 64 * 2);
 }
+
+TEST_CASE("decode engine: a step loop with work that does not move is stalled; an idle one is not", "[decode]") {
+  const auto now = DecodeClock::now();
+  const auto limit = std::chrono::seconds(60);
+  {
+    Fixture idle;
+    CHECK_FALSE(idle.engine->stalled(now + std::chrono::hours(1), limit));  // waiting for work
+  }
+  // An engine whose loop never runs (not started) holds a sequence ready to step: stalled once
+  // the limit has passed, and no longer once the loop has stepped it to the end.
+  Fixture fx(256, 32, nullptr, /*start=*/false);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+  REQUIRE(fx.engine->admit(admit_for(fx, "s", 8, 4, {}, true)).ok());
+  Collector out;
+  REQUIRE(fx.engine->attach("s", out.sink()).ok());
+  REQUIRE(send(*fx.engine, prefill(*fx.ref.model, "s", prompt, {}, 8)).ok());
+  CHECK_FALSE(fx.engine->stalled(DecodeClock::now(), limit));
+  CHECK(fx.engine->stalled(DecodeClock::now() + limit + std::chrono::seconds(1), limit));
+  fx.engine->start();
+  REQUIRE(out.wait_done());
+  CHECK_FALSE(fx.engine->stalled(DecodeClock::now() + std::chrono::hours(1), limit));
+}

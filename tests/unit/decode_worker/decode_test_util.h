@@ -30,7 +30,7 @@ using LoadedModel = testing::LoadedTestModel;
 // The engine gets its own model: Model::forward is not reentrant, and the test prefills and runs
 // the reference Generator on `ref` while the engine thread decodes.
 struct Fixture {
-  explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr) {
+  explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr, bool start = true) {
     auto tok = Tokenizer::from_gguf(*ref.file);
     REQUIRE(tok.ok());
     stop_ids = (*tok)->stop_ids();
@@ -43,7 +43,7 @@ struct Fixture {
     auto e = DecodeEngine::create(*dec.model, stop_ids, cfg, metrics);
     REQUIRE(e.ok());
     engine = std::move(*e);
-    engine->start();
+    if (start) engine->start();
   }
   int vocab() const { return ref.model->config().n_vocab; }
   const std::string& fingerprint() const { return ref.model->fingerprint(); }

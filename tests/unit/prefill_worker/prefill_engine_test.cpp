@@ -485,3 +485,26 @@ TEST_CASE("prefill engine: after a failover the seeded stream continues where it
   CHECK(probe.first == r->tokens.back());
   CHECK(transport.get("failover").header.token_ids == tokens);
 }
+
+TEST_CASE("prefill engine: a step loop with work that does not move is stalled; an idle one is not", "[prefill]") {
+  Fixture fx;
+  RecordingTransport transport;
+  PrefillConfig config;
+  const auto limit = std::chrono::seconds(60);
+  const auto later = [&] { return std::chrono::steady_clock::now() + limit + std::chrono::seconds(1); };
+  {
+    PrefillEngine idle(*fx.model, transport, config);
+    idle.start();
+    CHECK_FALSE(idle.stalled(later() + std::chrono::hours(1), limit));
+    idle.stop();
+  }
+  // No engine thread: a queued prompt does not move.
+  PrefillEngine engine(*fx.model, transport, config);
+  Probe probe;
+  REQUIRE(engine.submit(make_job("s", {5, 6, 7, 8}, SamplingParams{}, probe)).ok());
+  CHECK_FALSE(engine.stalled(std::chrono::steady_clock::now(), limit));
+  CHECK(engine.stalled(later(), limit));
+  run_all_steps(engine);
+  CHECK_FALSE(engine.stalled(later(), limit));  // nothing left to run
+  engine.stop();
+}
