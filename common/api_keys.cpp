@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
@@ -30,21 +31,39 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-Result<std::vector<std::string>> parse_api_keys(const std::string& text, const std::string& path) {
-  std::vector<std::string> keys;
+Result<std::vector<ApiKey>> parse_api_keys(const std::string& text, const std::string& path) {
+  std::vector<ApiKey> keys;
   std::istringstream in(text);
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
     ++n;
-    const std::string_view key = trim(line);
-    if (key.empty() || key.front() == '#') continue;
-    if (key.size() < ApiKeys::kMinKeyLength) {
-      return invalid_argument("--api-key-file: the key on line " + std::to_string(n) + " of '" + path + "' has " +
-                              std::to_string(key.size()) + " characters; use at least " +
-                              std::to_string(ApiKeys::kMinKeyLength) + " (e.g. openssl rand -hex 32)");
+    std::string_view rest = trim(line);
+    if (rest.empty() || rest.front() == '#') continue;
+    const auto where = [&] { return "line " + std::to_string(n) + " of '" + path + "'"; };
+    const size_t space = rest.find_first_of(" \t");
+    ApiKey key;
+    key.secret = std::string(rest.substr(0, space));
+    if (key.secret.size() < ApiKeys::kMinKeyLength) {
+      return invalid_argument("--api-key-file: the key on " + where() + " has " + std::to_string(key.secret.size()) +
+                              " characters; use at least " + std::to_string(ApiKeys::kMinKeyLength) +
+                              " (e.g. openssl rand -hex 32)");
     }
-    keys.emplace_back(key);
+    if (space != std::string_view::npos) {
+      const std::string_view option = trim(rest.substr(space));
+      constexpr std::string_view kOption = "max-priority=";
+      int value = 0;
+      const char* begin = option.data() + kOption.size();
+      const char* end = option.data() + option.size();
+      const bool ok = option.rfind(kOption, 0) == 0 && begin != end &&
+                      std::from_chars(begin, end, value).ptr == end;
+      if (!ok) {
+        return invalid_argument("--api-key-file: " + where() + " has '" + std::string(option) +
+                                "' after the key; the only option is max-priority=N");
+      }
+      key.max_priority = value;
+    }
+    keys.push_back(std::move(key));
   }
   if (keys.empty()) return invalid_argument("--api-key-file: '" + path + "' holds no key (one key per line)");
   return keys;
@@ -90,7 +109,7 @@ void ApiKeys::refresh() {
   spdlog::info("--api-key-file: read {} keys from '{}'", keys_.size(), path_);
 }
 
-Status ApiKeys::check_authorization(std::string_view authorization) {
+Status ApiKeys::check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority) {
   constexpr std::string_view kHow = "send metadata 'authorization: Bearer <key>' with a key from the frontend's --api-key-file";
   if (authorization.empty()) return unauthenticated("no API key: " + std::string(kHow));
   constexpr std::string_view kScheme = "bearer ";
@@ -102,17 +121,22 @@ Status ApiKeys::check_authorization(std::string_view authorization) {
   const std::string_view token = trim(authorization.substr(kScheme.size()));
   std::lock_guard<std::mutex> lock(mu_);
   refresh();
-  bool match = false;
-  for (const std::string& key : keys_) match |= constant_time_equal(token, key);  // no early exit
-  if (!match) return unauthenticated("the API key is not valid: " + std::string(kHow));
+  // Every key is compared (no early exit); the match is picked without a branch on the bytes.
+  const ApiKey* match = nullptr;
+  for (const ApiKey& key : keys_) {
+    const bool eq = constant_time_equal(token, key.secret);
+    match = eq ? &key : match;
+  }
+  if (match == nullptr) return unauthenticated("the API key is not valid: " + std::string(kHow));
+  if (max_priority != nullptr) *max_priority = match->max_priority;
   return {};
 }
 
-Status ApiKeys::check(const grpc::ServerContextBase& context) {
+Status ApiKeys::check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return check_authorization("");
-  return check_authorization(std::string_view(it->second.data(), it->second.size()));
+  if (it == metadata.end()) return check_authorization("", max_priority);
+  return check_authorization(std::string_view(it->second.data(), it->second.size()), max_priority);
 }
 
 }  // namespace baton

@@ -1,7 +1,9 @@
 // Public API keys (--api-key-file): a client proves it may use the frontend by sending
 // `authorization: Bearer <key>` metadata (what OpenAI-style clients send). The file holds one key
-// per line (blank lines and lines starting with '#' are skipped) and is read again when it
-// changes, so keys rotate without a restart. Keys are compared in constant time.
+// per line (blank lines and lines starting with '#' are skipped), optionally followed by
+// `max-priority=N`: the highest request priority that key may ask for (a privileged caller);
+// keys without it get the frontend's --max-priority. The file is read again when it changes, so
+// keys rotate without a restart. Keys are compared in constant time.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -10,6 +12,7 @@
 #include <ctime>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +21,11 @@
 
 namespace baton {
 
+struct ApiKey {
+  std::string secret;
+  std::optional<int32_t> max_priority;  // nullopt: the frontend's --max-priority
+};
+
 class ApiKeys {
  public:
   // NOT_FOUND when the file cannot be read, INVALID_ARGUMENT when it holds no key or a key
@@ -25,10 +33,11 @@ class ApiKeys {
   static Result<std::unique_ptr<ApiKeys>> load(const std::string& path);
   static constexpr size_t kMinKeyLength = 16;
 
-  // OK when the call carries one of the keys; UNAUTHENTICATED with what to send otherwise.
-  Status check(const grpc::ServerContextBase& context);
+  // OK when the call carries one of the keys (and `*max_priority` = that key's bound, when it
+  // has one); UNAUTHENTICATED with what to send otherwise.
+  Status check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority = nullptr);
   // The same for an `authorization` header value ("Bearer <key>"; "" = absent).
-  Status check_authorization(std::string_view authorization);
+  Status check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority = nullptr);
 
  private:
   explicit ApiKeys(std::string path) : path_(std::move(path)) {}
@@ -38,14 +47,14 @@ class ApiKeys {
 
   const std::string path_;
   std::mutex mu_;
-  std::vector<std::string> keys_;  // guarded by mu_
+  std::vector<ApiKey> keys_;       // guarded by mu_
   struct timespec mtime_ {};       // guarded by mu_
   off_t size_ = -1;                // guarded by mu_
   std::chrono::steady_clock::time_point checked_{};  // guarded by mu_
 };
 
-// Parses a key file's text: its keys, or INVALID_ARGUMENT naming `path`.
-Result<std::vector<std::string>> parse_api_keys(const std::string& text, const std::string& path);
+// Parses a key file's text: its keys, or INVALID_ARGUMENT naming `path` and the line.
+Result<std::vector<ApiKey>> parse_api_keys(const std::string& text, const std::string& path);
 
 // a == b without an early exit: the time taken depends on a's length only (a is the presented
 // token, b the secret).

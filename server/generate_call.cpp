@@ -95,8 +95,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 };
 
 void GenerateCall::start(const grpc::ByteBuffer& bytes) {
+  std::optional<int32_t> key_max_priority;  // a privileged key's bound
   if (fc_.api_keys != nullptr) {
-    if (Status st = fc_.api_keys->check(*server_ctx_); !st.ok()) {
+    if (Status st = fc_.api_keys->check(*server_ctx_, &key_max_priority); !st.ok()) {
       refuse(st);
       return;
     }
@@ -112,7 +113,7 @@ void GenerateCall::start(const grpc::ByteBuffer& bytes) {
     return;
   }
   // A client that names no request gets a random public id (the workers see other ids).
-  auto spec = make_generate_spec(request, *fc_.model, "req-" + random_request_id().substr(0, 16));
+  auto spec = make_generate_spec(request, *fc_.model, "req-" + random_request_id().substr(0, 16), key_max_priority);
   if (!spec.ok()) {
     refuse(spec.status());
     return;

@@ -51,7 +51,7 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
 }
 
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const ServedModel& m,
-                                        const std::string& generated_id) {
+                                        const std::string& generated_id, std::optional<int32_t> key_max_priority) {
   GenerateSpec spec;
   spec.request_id = r.request_id().empty() ? generated_id : r.request_id();
   if (spec.request_id.size() > kMaxRequestIdBytes || !printable_ascii(spec.request_id)) {
@@ -135,10 +135,14 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     return invalid_argument("priority must be in [" + std::to_string(-kPriorityBound) + ", " +
                             std::to_string(kPriorityBound) + "], got " + std::to_string(r.priority()));
   }
-  if (r.priority() > m.max_priority) {
-    return permission_denied("priority " + std::to_string(r.priority()) + " is above " + std::to_string(m.max_priority) +
-                             ", the highest this frontend lets clients ask for (--max-priority); lower priorities "
-                             "are always allowed");
+  const int32_t bound = key_max_priority.value_or(m.max_priority);
+  if (r.priority() > bound) {
+    return permission_denied("priority " + std::to_string(r.priority()) + " is above " + std::to_string(bound) +
+                             (key_max_priority ? ", the highest this API key may ask for (its max-priority in "
+                                                 "--api-key-file)"
+                                               : ", the highest this frontend lets clients ask for (--max-priority, or "
+                                                 "an API key's max-priority)") +
+                             "; lower priorities are always allowed");
   }
   spec.priority = r.priority();
   return spec;

@@ -47,9 +47,11 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx);
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;
 
-// `generated_id` is used when the request carries no id.
+// `generated_id` is used when the request carries no id. `key_max_priority`: the caller's API key's
+// priority bound, when it has one (else model.max_priority, the frontend's --max-priority).
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& request, const ServedModel& model,
-                                        const std::string& generated_id);
+                                        const std::string& generated_id,
+                                        std::optional<int32_t> key_max_priority = std::nullopt);
 
 v1::ModelInfo model_info(const ServedModel& model);
 

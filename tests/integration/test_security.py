@@ -5,6 +5,7 @@ processes with real certificates made here by `openssl`:
 - every internal RPC is refused to a client without a certificate, with one from another CA, or
   in plaintext; the frontend sends no work to a worker whose certificate another CA signed;
 - API keys: none or a wrong one is UNAUTHENTICATED; a rewritten key file applies without a restart;
+  only a key with a max-priority may ask for more than the frontend's --max-priority;
 - a rotated public certificate applies to new connections without a restart;
 - a role that would listen beyond loopback unauthenticated refuses to start (unless --insecure),
   and bad certificate files stop it with the flag named;
@@ -25,6 +26,7 @@ from test_serving import reference_ids
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]
 KEY = "key-" + os.urandom(16).hex()
+PRIVILEGED_KEY = "key-" + os.urandom(16).hex()  # may ask for priority up to 5
 
 
 def openssl(*args):
@@ -67,7 +69,7 @@ def pki(tmp_path_factory):
     p.public = p.leaf("baton-public", p.public_ca)
     p.client = p.leaf("client-alice", p.public_ca)
     p.keys = p.path / "api-keys"
-    p.keys.write_text(f"# the test's client\n{KEY}\n")
+    p.keys.write_text(f"# the test's client\n{KEY}\n# a privileged caller\n{PRIVILEGED_KEY} max-priority=5\n")
     return p
 
 
@@ -237,6 +239,29 @@ def test_api_keys(pb, pki, secure_deployment):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         pki.keys.write_text(original)
+
+
+def test_only_privileged_keys_raise_priority(pb, pki, secure_deployment):
+    """Any client can starve others by asking for a high priority, unless raising it takes a key
+    that may: the plain key gets the frontend's --max-priority (0), the privileged one its own 5."""
+    front, _, _ = secure_deployment
+    c = creds(pki.public_ca, pki.client)
+
+    def code(key, priority):
+        try:
+            tls_generate(pb, front.address, c, metadata=(("authorization", f"Bearer {key}"),),
+                         prompt_token_ids=PROMPT, max_tokens=2, ignore_eos=True, priority=priority)
+            return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+
+    assert code(KEY, 0)[0] == grpc.StatusCode.OK
+    assert code(KEY, -3)[0] == grpc.StatusCode.OK  # lower is always allowed
+    got, details = code(KEY, 1)
+    assert got == grpc.StatusCode.PERMISSION_DENIED and "--max-priority" in details, details
+    assert code(PRIVILEGED_KEY, 5)[0] == grpc.StatusCode.OK
+    got, details = code(PRIVILEGED_KEY, 6)
+    assert got == grpc.StatusCode.PERMISSION_DENIED and "this API key" in details, details
 
 
 def test_a_rotated_certificate_applies_without_a_restart(pb, pki, baton_bin, test_model, server_factory, tmp_path):

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -179,9 +180,19 @@ TEST_CASE("API keys: parsing, constant-time comparison, bearer tokens", "[securi
   // A prefix repeated is not the key (the comparison wraps over the secret's bytes).
   CHECK_FALSE(constant_time_equal("abcdefghabcdefgh", "abcdefgh"));
 
-  auto keys = parse_api_keys("# team a\n  key-aaaaaaaaaaaaaaaa  \n\nkey-bbbbbbbbbbbbbbbb\r\n", "keys.txt");
+  auto keys = parse_api_keys("# team a\n  key-aaaaaaaaaaaaaaaa  \n\nkey-bbbbbbbbbbbbbbbb max-priority=50\r\n", "keys.txt");
   REQUIRE(keys.ok());
-  CHECK(*keys == std::vector<std::string>{"key-aaaaaaaaaaaaaaaa", "key-bbbbbbbbbbbbbbbb"});
+  REQUIRE(keys->size() == 2);
+  CHECK((*keys)[0].secret == "key-aaaaaaaaaaaaaaaa");
+  CHECK_FALSE((*keys)[0].max_priority.has_value());
+  CHECK((*keys)[1].secret == "key-bbbbbbbbbbbbbbbb");
+  CHECK((*keys)[1].max_priority == 50);
+  for (const char* bad : {"key-aaaaaaaaaaaaaaaa priority=5", "key-aaaaaaaaaaaaaaaa max-priority=",
+                          "key-aaaaaaaaaaaaaaaa max-priority=5x"}) {
+    auto parsed = parse_api_keys(bad, "keys.txt");
+    REQUIRE_FALSE(parsed.ok());
+    CHECK_THAT(parsed.status().message(), Catch::Contains("line 1") && Catch::Contains("max-priority=N"));
+  }
   auto short_key = parse_api_keys("key-aaaaaaaaaaaaaaaa\nshort\n", "keys.txt");
   REQUIRE_FALSE(short_key.ok());
   CHECK_THAT(short_key.status().message(), Catch::Contains("line 2") && Catch::Contains("at least 16"));
@@ -189,12 +200,15 @@ TEST_CASE("API keys: parsing, constant-time comparison, bearer tokens", "[securi
 
   TempDir dir;
   CHECK(ApiKeys::load((dir.path / "missing").string()).status().code() == StatusCode::kNotFound);
-  const std::string path = dir.file("keys", "key-aaaaaaaaaaaaaaaa\nkey-bbbbbbbbbbbbbbbb\n");
+  const std::string path = dir.file("keys", "key-aaaaaaaaaaaaaaaa\nkey-bbbbbbbbbbbbbbbb max-priority=7\n");
   auto loaded = ApiKeys::load(path);
   REQUIRE(loaded.ok());
   ApiKeys& k = **loaded;
-  CHECK(k.check_authorization("Bearer key-aaaaaaaaaaaaaaaa").ok());
-  CHECK(k.check_authorization("bearer key-bbbbbbbbbbbbbbbb").ok());
+  std::optional<int32_t> bound = 99;
+  CHECK(k.check_authorization("Bearer key-aaaaaaaaaaaaaaaa", &bound).ok());
+  CHECK_FALSE(bound.has_value());  // the frontend's --max-priority
+  CHECK(k.check_authorization("bearer key-bbbbbbbbbbbbbbbb", &bound).ok());
+  CHECK(bound == 7);
   for (const char* bad : {"", "key-aaaaaaaaaaaaaaaa", "Bearer key-aaaaaaaaaaaaaaab", "Basic key-aaaaaaaaaaaaaaaa",
                           "Bearer ", "Bearer key-aaaaaaaaaaaaaaaakey-aaaaaaaaaaaaaaaa"}) {
     CAPTURE(bad);
