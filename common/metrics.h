@@ -26,7 +26,7 @@ class Metrics {
   // Histograms (seconds unless named otherwise).
   prometheus::Family<prometheus::Histogram>& queue_seconds;         // arrival → prefill compute start
   prometheus::Family<prometheus::Histogram>& prefill_seconds;       // prefill compute of one request
-  prometheus::Family<prometheus::Histogram>& kv_transfer_seconds;   // label destination="<decode worker>"
+  prometheus::Family<prometheus::Histogram>& kv_transfer_seconds;   // labels src, dst (decode worker), transport
   prometheus::Family<prometheus::Histogram>& ttft_seconds;          // arrival → first token to the client
   prometheus::Family<prometheus::Histogram>& tpot_seconds;          // time per output token after the first
   prometheus::Family<prometheus::Histogram>& e2e_seconds;           // arrival → final message
@@ -35,7 +35,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& requests_total;          // label code="OK|INVALID_ARGUMENT|..."
   prometheus::Family<prometheus::Counter>& prompt_tokens_total;
   prometheus::Family<prometheus::Counter>& generation_tokens_total;
-  prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // label destination
+  prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // labels src, dst, transport
+  prometheus::Family<prometheus::Counter>& kv_transfer_bytes_total;   // labels src, dst, transport
   prometheus::Family<prometheus::Counter>& request_failovers_total;   // label reason="prefill|kv_handoff|decode_admit|decode"
   // Gauges.
   prometheus::Family<prometheus::Gauge>& queue_depth;         // requests waiting (frontend: admitted, unplaced; prefill: queued)

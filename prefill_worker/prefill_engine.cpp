@@ -443,10 +443,14 @@ void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
     status = cancelled("request " + id + " was cancelled during its KV transfer");
   }
   if (metrics_) {
+    // Per link: this prefill worker, the decode worker, the transport.
     prometheus::Labels labels = Metrics::role_labels("prefill", config_.name);
-    labels["destination"] = job->spec.decode_address;
+    labels["src"] = config_.name;
+    labels["dst"] = job->spec.decode_address;
+    labels["transport"] = transport_.name();
     if (status.ok()) {
       metrics_->histogram(metrics_->kv_transfer_seconds, labels).Observe(seconds);
+      metrics_->kv_transfer_bytes_total.Add(labels).Increment(static_cast<double>(bytes));
     } else if (status.code() != StatusCode::kCancelled) {
       metrics_->kv_transfer_errors_total.Add(labels).Increment();
     }

@@ -7,6 +7,7 @@
 // K is gathered transposed ([head_dim][key]) so the score loop vectorises over keys without
 // horizontal reductions; P·V vectorises over head_dim.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -27,8 +28,8 @@ constexpr int kMaxHeadDim = 256;
 // matmul overhead outweighs the matrix units (decode steps and short chunks stay direct).
 constexpr int kTiledMinTokens = 16;
 // Items with at most this many query rows (decode steps: one position × the GQA group) read an
-// f32 cache in place, one key row at a time, instead of gathering K transposed: the gather's
-// per-element copies cost more than the few rows' dot products they would vectorise.
+// f32 or bf16 cache in place, one key row at a time, instead of gathering K transposed: the
+// gather's per-element copies cost more than the few rows' dot products they would vectorise.
 constexpr int kDirectMaxRows = 8;
 
 struct WorkItem {
@@ -42,6 +43,58 @@ struct WorkItem {
 struct Scratch {
   std::vector<float> q, o, s, kt, v, m, l;
 };
+
+// A cache element as f32: f32 itself, or bf16 (the high half of an f32).
+inline float as_f32(float v) { return v; }
+inline float as_f32(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+
+// attend_item for few query rows (decode): each key's K and V rows are read where they lie in the
+// cache (f32 or bf16), one dot product per row and key, instead of gathering K transposed.
+template <typename T>
+void attend_direct(const T* kpool, const T* vpool, const KvLayerView& kv, const SeqView& sv, const WorkItem& it,
+                   int group, int rows, Scratch& sc) {
+  const int hd = kv.head_dim;
+  float* Q = sc.q.data();
+  float* O = sc.o.data();
+  float* S = sc.s.data();
+  const int32_t first_pos = sv.kv_offset + it.q0;
+  const int32_t n_keys = first_pos + it.n_q;
+  const T* krow[kKeyTile];
+  const T* vrow[kKeyTile];
+  for (int32_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+    const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
+    for (int j = 0; j < kn; ++j) {
+      const size_t off = kv_offset_of(kv, sv, k0 + j, it.g);
+      krow[j] = kpool + off;
+      vrow[j] = vpool + off;
+    }
+    const bool crosses_diagonal = k0 + kKeyTile - 1 > first_pos;
+    for (int r = 0; r < rows; ++r) {
+      float* sr = S + static_cast<size_t>(r) * kKeyTile;
+      const float* qr = Q + static_cast<size_t>(r) * hd;
+      for (int j = 0; j < kn; ++j) {
+        const T* kj = krow[j];
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int d = 0; d < hd; ++d) acc += qr[d] * as_f32(kj[d]);
+        sr[j] = acc;
+      }
+      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+      const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &sc.m[r]);
+      sc.l[r] = sc.l[r] * st.alpha + st.sum;
+      float* orow = O + static_cast<size_t>(r) * hd;
+      const float alpha = st.alpha;
+#pragma omp simd
+      for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+      for (int j = 0; j < limit; ++j) {
+        const float p = sr[j];
+        const T* vj = vrow[j];
+#pragma omp simd
+        for (int d = 0; d < hd; ++d) orow[d] += p * as_f32(vj[d]);
+      }
+    }
+  }
+}
 
 void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, const WorkItem& it, int group,
                  float scale_log2, const Tensor& out, Scratch& sc) {
@@ -73,47 +126,13 @@ void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, cons
 
   const int32_t first_pos = sv.kv_offset + it.q0;       // position of the tile's first query
   const int32_t n_keys = first_pos + it.n_q;            // keys [0, last query position]
-  if (kv.dtype == DType::kF32 && rows <= kDirectMaxRows) {
-    const float* kpool = static_cast<const float*>(kv.k);
-    const float* vpool = static_cast<const float*>(kv.v);
-    const float* krow[kKeyTile];
-    const float* vrow[kKeyTile];
-    for (int32_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
-      const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
-      for (int j = 0; j < kn; ++j) {
-        const size_t off = kv_offset_of(kv, sv, k0 + j, it.g);
-        krow[j] = kpool + off;
-        vrow[j] = vpool + off;
-      }
-      const bool crosses_diagonal = k0 + kKeyTile - 1 > first_pos;
-      for (int r = 0; r < rows; ++r) {
-        float* sr = S + static_cast<size_t>(r) * kKeyTile;
-        const float* qr = Q + static_cast<size_t>(r) * hd;
-        for (int j = 0; j < kn; ++j) {
-          const float* kj = krow[j];
-          float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-          for (int d = 0; d < hd; ++d) acc += qr[d] * kj[d];
-          sr[j] = acc;
-        }
-        const int32_t limit =
-            crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
-        const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &sc.m[r]);
-        sc.l[r] = sc.l[r] * st.alpha + st.sum;
-        float* orow = O + static_cast<size_t>(r) * hd;
-        const float alpha = st.alpha;
-#pragma omp simd
-        for (int d = 0; d < hd; ++d) orow[d] *= alpha;
-        for (int j = 0; j < limit; ++j) {
-          const float p = sr[j];
-          const float* vj = vrow[j];
-#pragma omp simd
-          for (int d = 0; d < hd; ++d) orow[d] += p * vj[d];
-        }
-      }
-    }
+  const bool direct = rows <= kDirectMaxRows && (kv.dtype == DType::kF32 || kv.dtype == DType::kBF16);
+  if (direct && kv.dtype == DType::kF32) {
+    attend_direct(static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), kv, sv, it, group, rows, sc);
+  } else if (direct) {
+    attend_direct(static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v), kv, sv, it, group, rows, sc);
   }
-  for (int32_t k0 = 0; k0 < n_keys && !(kv.dtype == DType::kF32 && rows <= kDirectMaxRows); k0 += kKeyTile) {
+  for (int32_t k0 = 0; k0 < n_keys && !direct; k0 += kKeyTile) {
     const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
     for (int j = 0; j < kn; ++j) {
       const size_t off = kv_offset_of(kv, sv, k0 + j, it.g);

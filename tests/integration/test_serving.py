@@ -219,7 +219,12 @@ def test_metrics_are_valid_and_count_requests(pb, test_model, server_factory, tm
     assert sum(e2e.values()) == n
     assert sum(prefill.values()) == n
     assert sum(transfer.values()) == n
-    assert all('destination="' in k for k in transfer)
+    assert all('src="' in k and 'dst="' in k and 'transport="tcp"' in k for k in transfer), transfer
+    # Bytes per link: K and V (f32) of the test model's 2 layers × 2 kv heads × 16 dims for the 3
+    # prompt tokens of each request.
+    sent = metric_values(text, "baton_kv_transfer_bytes_total")
+    assert set(sent) == set(transfer), (sent, transfer)
+    assert sum(sent.values()) == n * 3 * 2 * 2 * 16 * 4 * 2
     codes = metric_values(text, "baton_requests_total")
     assert codes.get('{code="OK"}') == n
     assert codes.get('{code="INVALID_ARGUMENT"}') == 1
