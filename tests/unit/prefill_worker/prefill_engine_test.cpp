@@ -206,8 +206,11 @@ TEST_CASE("prefill engine: first token and KV equal a single-prompt prefill", "[
   const auto labels = Metrics::role_labels("prefill", "prefill-test");
   CHECK(metrics.histogram(metrics.prefill_step_tokens, labels).Collect().histogram.sample_count == 1);
   auto transfer_labels = labels;
-  transfer_labels["destination"] = "decode-r1:1234";
+  transfer_labels["src"] = "prefill-test";
+  transfer_labels["dst"] = "decode-r1:1234";
+  transfer_labels["transport"] = "recording";
   CHECK(metrics.histogram(metrics.kv_transfer_seconds, transfer_labels).Collect().histogram.sample_count == 1);
+  CHECK(metrics.kv_transfer_bytes_total.Add(transfer_labels).Value() == static_cast<double>(probe.bytes));
 }
 
 TEST_CASE("prefill engine: prompts longer than the budget are chunked, same first token and KV", "[prefill]") {
@@ -374,7 +377,9 @@ TEST_CASE("prefill engine: a transport failure reaches on_done and returns the b
   CHECK(engine.load().free_blocks == engine.load().total_blocks);
   CHECK(engine.load().n_sending == 0);
   auto labels = Metrics::role_labels("prefill", "p0");
-  labels["destination"] = "decode-a:1234";
+  labels["src"] = "p0";
+  labels["dst"] = "decode-a:1234";
+  labels["transport"] = "recording";
   CHECK(metrics.kv_transfer_errors_total.Add(labels).Value() == 1);
   // The id is free again: a retry (failover) is accepted.
   Probe retry;
