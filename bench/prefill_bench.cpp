@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   for (DType dtype : dtypes) {
     std::string err;
-    auto be = make_backend({"cpu", dtype, 0}, &err);
+    auto be = make_backend({"cpu", dtype, 0, {}}, &err);
     if (!be) {
       std::fprintf(stderr, "baton: error: %s\n", err.c_str());
       return 1;

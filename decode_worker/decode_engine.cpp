@@ -443,6 +443,9 @@ void DecodeEngine::kv_abort(const std::string& id) {
 // ---- the engine thread ------------------------------------------------------------------------
 
 void DecodeEngine::run() {
+  if (Status s = model_.backend().bind_thread(); !s.ok()) {
+    spdlog::warn("decode worker {}: {}; the step loop runs unpinned", config_.name, s.to_string());
+  }
   std::vector<SeqPtr> batch;
   std::vector<int32_t> sampled;
   std::vector<Delivery> deliveries;

@@ -144,6 +144,14 @@ class Backend {
   // False for KV cache dtypes this backend's attention cannot read.
   virtual bool supports_kv_dtype(DType dtype) const { return true; }
 
+  // ---- threads ----
+  // Called once by the thread that will run this backend's steps (an engine's loop), before its
+  // first step: gives that thread, and the team it parallelises over, the backend's cores and
+  // thread count (BackendOptions::cpus, n_threads). OpenMP's thread count is a per-thread
+  // setting, so a thread that never calls this runs with the process default. UNAVAILABLE when
+  // the cores cannot be had. A device backend has nothing to bind.
+  virtual Status bind_thread() { return {}; }
+
   // ---- memory ----
   virtual Buffer alloc(size_t bytes) = 0;
   // A fresh tensor [rows, cols] in `dtype` with its own buffer (kept alive by `*holder`).
@@ -225,7 +233,8 @@ class Backend {
 struct BackendOptions {
   std::string device = "cpu";   // "cpu" or "cuda[:N]"
   DType dtype = DType::kBF16;   // gemm compute dtype; bf16 falls back to f32 where unsupported
-  int n_threads = 0;            // CPU threads (0: all cores)
+  int n_threads = 0;            // CPU threads (0: all cores, or one per entry of `cpus`)
+  std::vector<int> cpus;        // the cores bind_thread() restricts the step threads to (empty: any)
 };
 
 // The backend for `options.device`; nullptr and a message in `*error` when unavailable.

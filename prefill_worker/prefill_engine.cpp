@@ -229,6 +229,9 @@ bool PrefillEngine::has_work_locked() const {
 }
 
 void PrefillEngine::engine_loop() {
+  if (Status s = model_.backend().bind_thread(); !s.ok()) {
+    spdlog::warn("prefill worker {}: {}; the step loop runs unpinned", config_.name, s.to_string());
+  }
   for (;;) {
     std::vector<std::shared_ptr<Job>> dropped;
     std::vector<Slice> slices;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/api_keys.h"
+#include "common/cpu_set.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/progress.h"
@@ -48,6 +49,10 @@ struct ServeArgs {
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen;  // "" = no metrics endpoint
   int threads = 0;
+  std::string cpus;  // serve: the engine's cores (CPU list; "" = any)
+  // local: the decode and prefill engines' cores ("" = an automatic split, "all" = every core,
+  // shared). The frontend, gRPC and KV sender threads run on the prefill cores.
+  std::string decode_cpus, prefill_cpus;
   std::string device = "cpu";
   std::string dtype = "bf16";
   std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
@@ -160,12 +165,14 @@ struct LoadedModel {
 
 // `decodes`: the model is a decode worker's (--weights auto keeps its weights quantised where that
 // is faster; a prefill worker's GEMMs are large and stay dense).
-Result<LoadedModel> load_model(const ServeArgs& a, bool decodes) {
+// `cpus`: the cores the engine's step threads own (empty: any).
+Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, std::vector<int> cpus) {
   LoadedModel m;
   BackendOptions bo;
   bo.device = a.device;
   bo.dtype = dtype_of(a.dtype);
   bo.n_threads = a.threads;
+  bo.cpus = std::move(cpus);
   std::string error;
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);
@@ -355,9 +362,9 @@ struct DecodeRole {
 // `name` labels metrics and logs: the listen address, or "decode-N" in `baton local` where the
 // port is only known once the server runs.
 Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Security& sec, const std::string& listen,
-                                                 const std::string& name, Metrics* metrics) {
+                                                 const std::string& name, std::vector<int> cpus, Metrics* metrics) {
   auto r = std::make_unique<DecodeRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/true));
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/true, std::move(cpus)));
   DecodeConfig dc;
   dc.max_batch = a.max_batch;
   dc.block_size = a.block_size;
@@ -392,9 +399,9 @@ struct PrefillRole {
 };
 
 Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Security& sec, const std::string& listen,
-                                                   const std::string& name, Metrics* metrics) {
+                                                   const std::string& name, std::vector<int> cpus, Metrics* metrics) {
   auto r = std::make_unique<PrefillRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/false));
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/false, std::move(cpus)));
   PrefillConfig pc;
   pc.token_budget = a.prefill_token_budget;
   pc.block_size = a.block_size;
@@ -547,6 +554,9 @@ int run_serve(const ServeArgs& a) {
   auto sec = make_security(a);
   if (!sec.ok()) return fail(sec.status());
   if (Status s = check_exposure(a, a.role, *sec); !s.ok()) return fail(s);
+  Result<std::vector<int>> cpus = std::vector<int>{};
+  if (!a.cpus.empty()) cpus = parse_cpu_list(a.cpus, "--cpus");
+  if (!cpus.ok()) return fail(cpus.status());
   const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
@@ -556,7 +566,7 @@ int run_serve(const ServeArgs& a) {
     metrics_server = std::move(*ms);
   }
   if (a.role == "decode") {
-    auto r = start_decode(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
+    auto r = start_decode(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, *cpus, &metrics);
     if (!r.ok()) return fail(r.status());
     watch_worker(**r, a.stall_timeout, "decode worker");
     spdlog::info("decode worker serving on port {}", (*r)->server->port());
@@ -565,7 +575,7 @@ int run_serve(const ServeArgs& a) {
     wait_for_signal();
     (*r)->drain(grace);
   } else if (a.role == "prefill") {
-    auto r = start_prefill(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, &metrics);
+    auto r = start_prefill(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, *cpus, &metrics);
     if (!r.ok()) return fail(r.status());
     watch_worker(**r, a.stall_timeout, "prefill worker");
     spdlog::info("prefill worker serving on port {}", (*r)->server->port());
@@ -587,9 +597,53 @@ int run_serve(const ServeArgs& a) {
   return 0;
 }
 
+// Which cores each engine of `baton local` owns. Decode steps are memory-bound and prefill steps
+// compute-bound: by default the decode engines get the first half of the allowed cores (at least
+// one) and the prefill engines, with everything else, the rest. Engines of one kind split their
+// part when it has a core for each, and share it otherwise. One core: everything shares it.
+struct LocalCores {
+  std::vector<int> decode_all, prefill_all;
+  std::vector<std::vector<int>> decode, prefill;  // per engine
+};
+
+Result<LocalCores> local_cores(const ServeArgs& a) {
+  const std::vector<int> allowed = allowed_cpus();
+  const CpuSplit split = split_cpus(allowed, allowed.size() / 2);
+  auto pick = [&](const std::string& flag, const std::string& value,
+                  const std::vector<int>& automatic) -> Result<std::vector<int>> {
+    if (value.empty()) return automatic;
+    if (value == "all") return allowed;
+    return parse_cpu_list(value, flag);
+  };
+  LocalCores c;
+  BATON_ASSIGN_OR_RETURN(c.decode_all, pick("--decode-cpus", a.decode_cpus, split.first));
+  BATON_ASSIGN_OR_RETURN(c.prefill_all, pick("--prefill-cpus", a.prefill_cpus, split.second));
+  auto per_engine = [](const std::vector<int>& cpus, int n) {
+    std::vector<std::vector<int>> out(static_cast<size_t>(n), cpus);
+    if (static_cast<int>(cpus.size()) < n || n == 1) return out;
+    const size_t each = cpus.size() / static_cast<size_t>(n);
+    for (int i = 0; i < n; ++i) {
+      const auto begin = cpus.begin() + static_cast<std::ptrdiff_t>(i * each);
+      out[static_cast<size_t>(i)].assign(begin, i + 1 == n ? cpus.end() : begin + static_cast<std::ptrdiff_t>(each));
+    }
+    return out;
+  };
+  c.decode = per_engine(c.decode_all, a.n_decode_workers);
+  c.prefill = per_engine(c.prefill_all, a.n_prefill_workers);
+  return c;
+}
+
 int run_local(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
+  auto cores = local_cores(a);
+  if (!cores.ok()) return fail(cores.status());
+  // Everything but the engines' step loops (loading, the frontend, gRPC's threads, KV senders)
+  // runs on the prefill cores: threads inherit the set of the thread that makes them, so this
+  // comes before anything starts a thread (gRPC's among them).
+  if (Status s = pin_current_thread(cores->prefill_all); !s.ok()) return fail(s);
+  spdlog::info("baton local: decode engines on CPUs {}, prefill engines and the rest on CPUs {}",
+               format_cpu_list(cores->decode_all), format_cpu_list(cores->prefill_all));
   if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
   auto sec = make_security(a);
   if (!sec.ok()) return fail(sec.status());
@@ -612,13 +666,13 @@ int run_local(const ServeArgs& a) {
   std::vector<std::unique_ptr<PrefillRole>> prefillers;
   std::vector<std::string> decode_addrs, prefill_addrs;
   for (int i = 0; i < a.n_decode_workers; ++i) {
-    auto r = start_decode(a, *sec, "127.0.0.1:0", "decode-" + std::to_string(i), &metrics);
+    auto r = start_decode(a, *sec, "127.0.0.1:0", "decode-" + std::to_string(i), cores->decode[i], &metrics);
     if (!r.ok()) return fail(r.status());
     decode_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     decoders.push_back(std::move(*r));
   }
   for (int i = 0; i < a.n_prefill_workers; ++i) {
-    auto r = start_prefill(a, *sec, "127.0.0.1:0", "prefill-" + std::to_string(i), &metrics);
+    auto r = start_prefill(a, *sec, "127.0.0.1:0", "prefill-" + std::to_string(i), cores->prefill[i], &metrics);
     if (!r.ok()) return fail(r.status());
     prefill_addrs.push_back("127.0.0.1:" + std::to_string((*r)->server->port()));
     prefillers.push_back(std::move(*r));
@@ -655,7 +709,8 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--listen", a.listen, "gRPC listen address host:port")->envname("BATON_LISTEN");
   c->add_option("--metrics-listen", a.metrics_listen, "Prometheus /metrics address host:port")
       ->envname("BATON_METRICS_LISTEN");
-  c->add_option("--threads", a.threads, "CPU threads per engine (0: all cores)")->envname("BATON_THREADS");
+  c->add_option("--threads", a.threads, "CPU threads per engine (0: one per core it owns, or all cores)")
+      ->envname("BATON_THREADS");
   c->add_option("--device", a.device, "cpu, or cuda[:N] for the CUDA backend (bf16)")->envname("BATON_DEVICE");
   c->add_option("--dtype", a.dtype, "GEMM compute type")->check(CLI::IsMember({"f32", "bf16"}))->envname("BATON_DTYPE");
   c->add_option("--kv-dtype", a.kv_dtype, "KV cache type (default: f32 on CPU, bf16 on CUDA)")
@@ -771,6 +826,8 @@ void add_serve_commands(CLI::App& app, std::function<int()>* run, int argc, char
       ->check(CLI::IsMember({"frontend", "prefill", "decode"}))
       ->envname("BATON_ROLE");
   add_common_flags(s, *serve);
+  s->add_option("--cpus", serve->cpus, "CPUs the engine's step threads own, e.g. 0-3 (default: any)")
+      ->envname("BATON_CPUS");
   s->callback([serve, run] { *run = [serve] { return run_serve(*serve); }; });
 
   auto local = std::make_shared<ServeArgs>();
@@ -779,6 +836,12 @@ void add_serve_commands(CLI::App& app, std::function<int()>* run, int argc, char
   add_common_flags(l, *local);
   l->add_option("--prefill-workers", local->n_prefill_workers, "Prefill workers")->check(CLI::Range(1, 64));
   l->add_option("--decode-workers", local->n_decode_workers, "Decode workers")->check(CLI::Range(1, 64));
+  l->add_option("--decode-cpus", local->decode_cpus,
+                "CPUs of the decode engines, e.g. 0-1, or all (default: the first half of the allowed CPUs)")
+      ->envname("BATON_DECODE_CPUS");
+  l->add_option("--prefill-cpus", local->prefill_cpus,
+                "CPUs of the prefill engines and everything else, or all (default: the CPUs decode does not own)")
+      ->envname("BATON_PREFILL_CPUS");
   l->callback([local, run, argc, argv] {
     ensure_passive_openmp(argc, argv);
     *run = [local] { return run_local(*local); };

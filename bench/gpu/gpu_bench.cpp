@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   auto file = GgufFile::parse(make_test_model(spec).to_bytes());
   BATON_CHECK(file.ok(), "test model: %s", file.status().message().c_str());
   std::string err;
-  auto backend = make_backend({"cuda:0", DType::kBF16, 0}, &err);
+  auto backend = make_backend({"cuda:0", DType::kBF16, 0, {}}, &err);
   BATON_CHECK(backend != nullptr, "%s", err.c_str());
   auto model = Model::load(**file, *backend);
   BATON_CHECK(model.ok(), "load: %s", model.status().message().c_str());

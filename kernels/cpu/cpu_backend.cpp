@@ -14,12 +14,23 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/cpu_set.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/quant_gemm.h"
 
 namespace baton {
 namespace {
+
+// Flush denormals to zero (FTZ) and read them as zero (DAZ), on every OpenMP thread. An operation
+// that produces or consumes a denormal takes a microcode assist (~100 cycles); vectorised
+// kernels compute both sides of a select, so one such lane slows every element (measured: SiLU
+// went from 3.7 to 0.35 ns per element). Values below 1.2e-38 do not matter for inference.
+void flush_denormals_on_this_thread() {
+#if defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+}
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
@@ -92,7 +103,31 @@ class CpuKvCache final : public KvCache {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(DType dtype) : dtype_(dtype), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  CpuBackend(DType dtype, int n_threads, std::vector<int> cpus)
+      : dtype_(dtype),
+        n_threads_(n_threads),
+        cpus_(std::move(cpus)),
+        engine_(dnnl::engine::kind::cpu, 0),
+        stream_(engine_) {}
+
+  // The step thread and its OpenMP team run on cpus_ (each team thread may use any of them; with
+  // as many threads as cores and nothing else there, none migrates), n_threads_ of them.
+  Status bind_thread() override {
+    if (!cpus_.empty()) BATON_RETURN_IF_ERROR(pin_current_thread(cpus_));
+    const int n = n_threads_ > 0 ? n_threads_ : cpus_.empty() ? 0 : static_cast<int>(cpus_.size());
+    if (n == 0) return {};
+    omp_set_num_threads(n);
+    // The team is made on this thread's first parallel region; make it now, on these cores,
+    // with denormals flushed as on every other team of the process.
+    bool pinned = true;
+#pragma omp parallel num_threads(n) reduction(&& : pinned)
+    {
+      if (!cpus_.empty()) pinned = pin_current_thread(cpus_).ok();
+      flush_denormals_on_this_thread();
+    }
+    if (!pinned) return unavailable("cannot run the engine's OpenMP threads on CPUs " + format_cpu_list(cpus_));
+    return {};
+  }
 
   std::string name() const override { return std::string("cpu (oneDNN, ") + dtype_name(dtype_) + " gemm)"; }
   DType compute_dtype() const override { return dtype_; }
@@ -259,6 +294,8 @@ class CpuBackend final : public Backend {
   static const float* vec(const Matrix& m) { return dynamic_cast<const CpuVector&>(m).data.data(); }
 
   DType dtype_;
+  int n_threads_;          // 0: the process default (or one per core of cpus_)
+  std::vector<int> cpus_;  // empty: not pinned
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::vector<uint16_t> bf16_scratch_;
@@ -271,15 +308,9 @@ bool cpu_has_bf16() { return __builtin_cpu_supports("avx512bf16"); }
 
 namespace {
 
-// Flush denormals to zero (FTZ) and read them as zero (DAZ) on every OpenMP thread. An operation
-// that produces or consumes a denormal takes a microcode assist (~100 cycles); vectorised
-// kernels compute both sides of a select, so one such lane slows every element (measured: SiLU
-// went from 3.7 to 0.35 ns per element). Values below 1.2e-38 do not matter for inference.
 void flush_denormals_on_all_threads() {
-#if defined(__x86_64__)
 #pragma omp parallel
-  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
-#endif
+  flush_denormals_on_this_thread();
 }
 
 }  // namespace
@@ -298,7 +329,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::st
   // Without native bf16 the oneDNN bf16 path is emulated and slower than f32: use f32.
   if (dtype == DType::kBF16 && !cpu_has_bf16()) dtype = DType::kF32;
   flush_denormals_on_all_threads();
-  return std::make_unique<CpuBackend>(dtype);
+  return std::make_unique<CpuBackend>(dtype, options.n_threads, options.cpus);
 }
 
 }  // namespace baton

@@ -28,7 +28,7 @@ namespace {
 struct Loaded {
   Loaded(const GgufFile& file, const std::string& device, DType dtype) {
     std::string err;
-    backend = make_backend({device, dtype, 0}, &err);
+    backend = make_backend({device, dtype, 0, {}}, &err);
     INFO(err);
     REQUIRE(backend);
     auto m = Model::load(file, *backend);

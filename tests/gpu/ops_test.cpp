@@ -24,9 +24,9 @@ constexpr double kTol = baton::testing::kBf16NormwiseTolerance;
 struct Backends {
   Backends() {
     std::string err;
-    cpu = make_backend({"cpu", DType::kF32, 0}, &err);
+    cpu = make_backend({"cpu", DType::kF32, 0, {}}, &err);
     REQUIRE(cpu);
-    gpu = make_backend({"cuda:0", DType::kBF16, 0}, &err);
+    gpu = make_backend({"cuda:0", DType::kBF16, 0, {}}, &err);
     INFO(err);
     REQUIRE(gpu);
   }

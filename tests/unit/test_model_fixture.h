@@ -15,7 +15,7 @@ namespace baton::testing {
 struct LoadedTestModel {
   explicit LoadedTestModel(const TestModelSpec& spec = {}, DType dtype = DType::kF32) {
     std::string err;
-    backend = make_backend({"cpu", dtype, 0}, &err);
+    backend = make_backend({"cpu", dtype, 0, {}}, &err);
     REQUIRE(backend);
     auto f = GgufFile::parse(make_test_model(spec).to_bytes());
     REQUIRE(f.ok());

@@ -57,7 +57,7 @@ void naive_attention(const std::vector<float>& q, const std::vector<float>& k, c
 void run_case(std::mt19937& rng, int n_head, int n_kv, int hd, int block_size, DType kv_dtype,
               const std::vector<SeqCase>& cases, DType compute = DType::kF32) {
   std::string err;
-  auto be = make_backend({"cpu", compute, 0}, &err);
+  auto be = make_backend({"cpu", compute, 0, {}}, &err);
   REQUIRE(be);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int kv_w = n_kv * hd, q_w = n_head * hd;

@@ -172,7 +172,7 @@ TEST_CASE("a model file with a misshapen tensor is refused by name", "[model]") 
   auto f = GgufFile::parse(w.to_bytes());
   REQUIRE(f.ok());
   std::string err;
-  auto be = make_backend({"cpu", DType::kF32, 0}, &err);
+  auto be = make_backend({"cpu", DType::kF32, 0, {}}, &err);
   CHECK(Model::load(**f, *be).ok());
 
   // Remove a layer: block_count claims one more than exists.

@@ -219,7 +219,7 @@ TEST_CASE("prefill engine over the tcp transport delivers the KV intact to a dec
   const std::string address = "127.0.0.1:" + std::to_string(port);
 
   std::string err;
-  auto backend = make_backend({"cpu", DType::kF32, 0}, &err);
+  auto backend = make_backend({"cpu", DType::kF32, 0, {}}, &err);
   auto file = GgufFile::parse(make_test_model(TestModelSpec{}).to_bytes());
   REQUIRE(file.ok());
   auto model = Model::load(**file, *backend);
