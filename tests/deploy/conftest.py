@@ -35,7 +35,11 @@ def metrics():
 
 
 @pytest.fixture(scope="session")
-def rendered():
-    """{overlay name: [objects]} of `kubectl kustomize` on every overlay under deploy/k8s/overlays."""
+def rendered(tmp_path_factory):
+    """{name: [objects]} of `kubectl kustomize` on every overlay under deploy/k8s/overlays, and on
+    the variants (deploy_helpers.VARIANTS: an overlay plus a component it leaves out)."""
     assert deploy_helpers.OVERLAYS, "no overlays under deploy/k8s/overlays"
-    return {name: deploy_helpers.kustomize(deploy_helpers.K8S / "overlays" / name) for name in deploy_helpers.OVERLAYS}
+    out = {name: deploy_helpers.kustomize(deploy_helpers.K8S / "overlays" / name) for name in deploy_helpers.OVERLAYS}
+    for name, (overlay, components) in deploy_helpers.VARIANTS.items():
+        out[name] = deploy_helpers.kustomize_variant(overlay, components, tmp_path_factory.mktemp("kustomize-variant"))
+    return out

