@@ -293,10 +293,6 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
     if (t < 0 || t >= mc.n_vocab)
       return invalid_argument("KV header for request " + id + " has token id " + n_str(t) + " outside the vocabulary");
   }
-  if (h.first_token < 0 || h.first_token >= mc.n_vocab) {
-    return invalid_argument("KV header for request " + id + " has first_token " + n_str(h.first_token) +
-                            " outside the vocabulary [0, " + n_str(mc.n_vocab) + ")");
-  }
 
   std::lock_guard lk(mu_);
   if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
@@ -317,7 +313,6 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
   if (seq->kv_begun) return failed_precondition("a KV transfer for request " + id + " is already in progress");
   seq->kv_begun = true;
   ++seq->kv_epoch;
-  seq->first_token = h.first_token;
   seq->covered.assign(static_cast<size_t>(mc.n_layers) * h.n_tokens, 0);
   seq->n_covered = 0;
   seq->kv_begin_at = DecodeClock::now();
@@ -386,8 +381,12 @@ Status DecodeEngine::kv_chunk(const std::string& id, const KvChunk& c) {
   return st;
 }
 
-Status DecodeEngine::kv_end(const std::string& id) {
+Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
   const ModelConfig& mc = model_.config();
+  if (first_token < 0 || first_token >= mc.n_vocab) {
+    return invalid_argument("KV transfer for request " + id + " ends with first token " + n_str(first_token) +
+                            ", outside the vocabulary [0, " + n_str(mc.n_vocab) + ")");
+  }
   {
     std::lock_guard lk(mu_);
     SeqPtr seq = find_locked(id);
@@ -405,6 +404,7 @@ Status DecodeEngine::kv_end(const std::string& id) {
         }
       }
     }
+    seq->first_token = first_token;
     seq->kv_end_at = DecodeClock::now();
     seq->kv_transfer_seconds = seconds_between(seq->kv_begin_at, seq->kv_end_at);
     seq->covered = {};

@@ -6,7 +6,7 @@
 // A request's life:
 //   admit()                   reserve blocks for n_prompt_tokens + max_tokens  (state kWaitingKv)
 //   kv_begin/chunk/end        the prefill worker's KV lands in the reserved blocks
-//   kv_end                    runnable, next input = the header's first_token  (state kRunning)
+//   kv_end(first_token)       runnable, next input = the first token  (state kRunning)
 //   engine steps              tokens 2..N, sampled exactly as model/generator.cpp would
 //   finish                    stop id / max_tokens / cancel / deadline / stop(): blocks freed,
 //                             final event delivered when (or once) a sink is attached.
@@ -145,7 +145,7 @@ class DecodeEngine final : public KvReceiver {
   // ---- KvReceiver (the prefill worker's hand-off; contract in kv/kv_transfer.h) ----
   Status kv_begin(const KvTransferHeader& header) override;
   Status kv_chunk(const std::string& request_id, const KvChunk& chunk) override;
-  Status kv_end(const std::string& request_id) override;
+  Status kv_end(const std::string& request_id, int32_t first_token) override;
   void kv_abort(const std::string& request_id) override;
 
  private:

@@ -141,6 +141,9 @@ class Backend {
   // output, FFN): f32 on CPU, bf16 on CUDA. The residual stream and logits stay f32 everywhere.
   // Every op accepts f32 and this dtype for its tensors.
   virtual DType activation_dtype() const { return DType::kF32; }
+  // True when every op has finished its writes when it returns (the CPU): another thread may read
+  // what an op wrote right after. False for a device that queues work (CUDA).
+  virtual bool synchronous() const { return false; }
   // False for KV cache dtypes this backend's attention cannot read.
   virtual bool supports_kv_dtype(DType dtype) const { return true; }
 

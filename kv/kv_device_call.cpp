@@ -71,6 +71,14 @@ bool KvDeviceCall::write_chunk(const baton::v1::KvDeviceChunk& chunk) {
   return live_;
 }
 
+bool KvDeviceCall::write_end(int32_t first_token) {
+  if (!live_) return false;
+  baton::v1::KvDeviceMessage m;
+  m.mutable_end()->set_first_token(first_token);
+  live_ = stream_->Write(m);
+  return live_;
+}
+
 Status KvDeviceCall::finish(const std::string& request_id, const std::string& address) {
   const bool wrote_all = live_;
   if (live_) stream_->WritesDone();

@@ -10,7 +10,7 @@
 //                                                      fetch the bytes to the host, check_bytes
 //                                                      (checksum), kv_chunk
 //                                                 ◀── ack{i}: chunk i's staging memory is free
-//   WritesDone ────────────────────────────────────▶ check_complete, kv_end, OK
+//   end{first_token}, WritesDone ─────────────────▶ check_complete, kv_end, OK
 //
 // Flow control: the sender keeps at most `window` chunks unacknowledged, so it needs `window`
 // staging slots per transfer and reuses slot i % window only after ack{i - window}. Any refusal
@@ -52,6 +52,8 @@ class KvDeviceCall {
   // Blocks until at most `max_unacked` written chunks are unacknowledged.
   bool wait_window(int max_unacked);
   bool write_chunk(const baton::v1::KvDeviceChunk& chunk);
+  // The end mark, after the last chunk.
+  bool write_end(int32_t first_token);
   int n_written() const { return n_written_; }
   // Ends the call: WritesDone, reads the remaining acks, Finish. OK only when the receiver
   // acknowledged every chunk and the transfer; otherwise its status (or the transport's:

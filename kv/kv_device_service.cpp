@@ -79,10 +79,16 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   if (!stream->Write(ack)) return broken();
   acked_open = true;
 
+  std::optional<int32_t> first_token;  // the end arrived
   for (int32_t n = 0; stream->Read(&message); ++n) {
+    if (first_token) return invalid_argument("a KvDeviceMessage after the transfer's end");
+    if (message.has_end()) {
+      first_token = message.end().first_token();
+      continue;
+    }
     if (!message.has_chunk()) {
       return invalid_argument(message.has_open() ? "a second KV header in one transfer"
-                                                 : "a KvDeviceMessage carries neither an open nor a chunk");
+                                                 : "a KvDeviceMessage carries neither an open, a chunk nor an end");
     }
     const baton::v1::KvDeviceChunk& desc = message.chunk();
     // Before a single byte moves (nccl: before the ncclRecv is posted).
@@ -103,7 +109,8 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   // every layer is covered reaches kv_end.
   if (context->IsCancelled()) return broken();
   BATON_RETURN_IF_ERROR(check.check_complete());
-  return receiver_.kv_end(id);
+  if (!first_token) return invalid_argument("the KV stream ended without its end (the first token)");
+  return receiver_.kv_end(id, *first_token);
 }
 
 grpc::Status KvDeviceService::BootstrapNccl(grpc::ServerContext* context,

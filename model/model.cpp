@@ -239,17 +239,17 @@ void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* 
 }
 
 void Model::forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
-                           std::vector<int32_t>* tokens) {
+                           std::vector<int32_t>* tokens, const LayerDone& layer_done) {
   BATON_CHECK(specs.size() == batch.logit_rows().size(), "%zu sampling specs for %zu logit rows", specs.size(),
               batch.logit_rows().size());
   tokens->assign(specs.size(), 0);
-  run(batch, cache);
+  run(batch, cache, backend_.synchronous() ? layer_done : LayerDone{});
   if (!specs.empty()) {
     timed(backend_, "sample", [&] { backend_.sample(logits_.row_slice(0, static_cast<int64_t>(specs.size())), specs, tokens->data()); });
   }
 }
 
-void Model::run(const StepBatch& batch, KvCache& cache) {
+void Model::run(const StepBatch& batch, KvCache& cache, const LayerDone& layer_done) {
   const ModelConfig& c = config_;
   const int64_t n = batch.n_tokens();
   BATON_CHECK(n > 0, "forward of an empty batch");
@@ -274,6 +274,7 @@ void Model::run(const StepBatch& batch, KvCache& cache) {
       timed(be, "gemm_qkv", [&] { be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false); });
       timed(be, "rope", [&] { be.rope(q, k, view.positions, c.head_dim, c.rope); });
       timed(be, "kv_write", [&] { be.kv_write(cache, l, k, v, view); });
+      if (layer_done) layer_done(l);
       timed(be, "attention", [&] { be.attention(q, cache, l, view, c.n_heads, scale, att); });
       // Residual adds are fused into the projections: x += attn · Woᵀ, x += act · W_downᵀ.
       timed(be, "gemm_o", [&] { be.gemm(att, *w.wo, nullptr, x, /*accumulate=*/true); });

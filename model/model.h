@@ -60,8 +60,14 @@ class Model {
   void forward(const StepBatch& batch, KvCache& cache, std::vector<float>* logits);
   // The same step, but samples a token from each logits row where the logits are (one spec per
   // row of batch.logit_rows(), see Sampler::spec_at) and returns only the ids.
+  // `layer_done`, when set, is called on this thread once layer l's K and V of every token of the
+  // step are in the cache, for l = 0, 1, ... (a layer-wise KV hand-off may copy them out from
+  // another thread meanwhile). Only on backends whose ops complete when they return
+  // (Backend::synchronous()); on others it is not called and a step's KV is complete when
+  // forward_sample returns.
+  using LayerDone = std::function<void(int layer)>;
   void forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
-                      std::vector<int32_t>* tokens);
+                      std::vector<int32_t>* tokens, const LayerDone& layer_done = {});
 
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
@@ -72,7 +78,7 @@ class Model {
   void reserve(int64_t n_tokens);
   void reserve_logits(int64_t n_rows);
   // The step's ops up to the logits (in logits_), between the backend's begin/end_step.
-  void run(const StepBatch& batch, KvCache& cache);
+  void run(const StepBatch& batch, KvCache& cache, const LayerDone& layer_done = {});
 
   ModelConfig config_;
   std::string fingerprint_;

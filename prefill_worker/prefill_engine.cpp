@@ -11,14 +11,34 @@ namespace baton {
 
 struct PrefillEngine::Job {
   PrefillJob spec;
-  std::vector<int32_t> blocks;  // cover the whole prompt from the step that starts it; guarded by mu_
+  std::vector<int32_t> blocks;  // cover the whole prompt from the step that starts it, until finish()
   int32_t n_done = 0;           // tokens prefilled so far; guarded by mu_ (written by the engine thread)
-  int32_t first_token = 0;
+  int32_t first_token = 0;      // set by the engine thread before `prefilled`
   Clock::time_point submitted;
   Clock::time_point started;  // start of the step that began its prefill
   std::atomic<bool> cancelled{false};
 
+  // The hand-off, guarded by mu_. Tokens [0, kv_done) have every layer in the cache; the step in
+  // flight covers [kv_done, kv_step_end) and has written layers [0, kv_layers) of it.
+  int32_t kv_done = 0;
+  int32_t kv_step_end = 0;
+  int32_t kv_layers = 0;
+  bool prefilled = false;      // the prompt is complete and first_token set
+  Clock::time_point prefilled_at;
+  bool in_engine = true;       // waiting or running: the engine may still write its blocks
+  bool has_sender = false;     // handed to the senders (its transfer runs, or will)
+  bool sender_done = false;    // its transfer has returned
+  std::optional<Status> ended;  // why it ends without a complete hand-off (the first reason wins)
+  Status transfer_status;       // the transfer's result, once sender_done
+  double transfer_seconds = 0;
+  int64_t bytes = 0;
+
   int32_t n_tokens() const { return static_cast<int32_t>(spec.tokens.size()); }
+  // Ends it early unless it has a reason already.
+  void end(const Status& why) {
+    if (!ended) ended = why;
+  }
+  bool abandoned() const { return cancelled.load() || ended.has_value(); }
 };
 
 namespace {
@@ -105,17 +125,24 @@ void PrefillEngine::stop() {
   if (engine_thread_.joinable()) engine_thread_.join();
   engine_running_ = false;
 
-  // Jobs the engine will never prefill now.
-  std::vector<std::shared_ptr<Job>> unfinished;
+  // Jobs the engine will never prefill now. A running job's transfer (if it streams) sees the
+  // reason and is abandoned; its sender finishes it.
+  std::vector<std::shared_ptr<Job>> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    unfinished.assign(waiting_.begin(), waiting_.end());
+    std::vector<std::shared_ptr<Job>> unfinished(waiting_.begin(), waiting_.end());
     unfinished.insert(unfinished.end(), running_.begin(), running_.end());
     waiting_.clear();
     running_.clear();
     waiting_tokens_ = 0;
+    for (const auto& job : unfinished) {
+      job->end(unavailable("the prefill worker is shutting down"));
+      if (leave_engine_locked(job)) done.push_back(job);
+    }
+    update_gauges_locked();
   }
-  for (const auto& job : unfinished) finish(job, unavailable("the prefill worker is shutting down"), 0, 0, false);
+  kv_cv_.notify_all();
+  for (const auto& job : done) finish(job);
 
   // Transfers already queued finish (their first token is out, the decode worker waits for them).
   {
@@ -192,12 +219,15 @@ void PrefillEngine::cancel(const std::string& request_id) {
     if (w != waiting_.end()) {
       waiting_.erase(w);
       waiting_tokens_ -= job->n_tokens();
-      dropped = job;
+      job->end(cancelled("request " + request_id + " was cancelled while queued for prefill"));
+      if (leave_engine_locked(job)) dropped = job;
+      update_gauges_locked();
     }
-    // Running: dropped at the next step boundary. Sending: its chunk source sees the flag.
+    // Running: dropped at the next step boundary. Its transfer (running or queued) sees the flag.
   }
+  kv_cv_.notify_all();
   if (dropped) {
-    finish(dropped, cancelled("request " + request_id + " was cancelled while queued for prefill"), 0, 0, false);
+    finish(dropped);
   } else {
     work_cv_.notify_one();
   }
@@ -210,7 +240,7 @@ PrefillLoad PrefillEngine::load() const {
   for (const auto& job : running_) l.queued_prompt_tokens += job->n_tokens() - job->n_done;
   l.n_queued = static_cast<int>(waiting_.size());
   l.n_running = static_cast<int>(running_.size());
-  l.n_sending = n_sending_;
+  l.n_sending = n_sending_locked();
   l.free_blocks = pool_.n_free();
   l.total_blocks = pool_.n_total();
   return l;
@@ -245,7 +275,7 @@ void PrefillEngine::engine_loop() {
       slices = plan_step_locked(&dropped);
     }
     for (const auto& job : dropped) {
-      finish(job, cancelled("request " + job->spec.request_id + " was cancelled during prefill"), 0, 0, false);
+      finish(job);
     }
     run_step(std::move(slices));
   }
@@ -261,20 +291,26 @@ bool PrefillEngine::run_step_for_test() {
     slices = plan_step_locked(&dropped);
   }
   for (const auto& job : dropped) {
-    finish(job, cancelled("request " + job->spec.request_id + " was cancelled during prefill"), 0, 0, false);
+    finish(job);
   }
   run_step(std::move(slices));
   return true;
 }
 
 std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<std::shared_ptr<Job>>* dropped) {
-  // Cancelled prompts leave first: their blocks may let a waiting job start in this very step.
-  auto is_cancelled = [](const std::shared_ptr<Job>& job) { return job->cancelled.load(); };
+  // Cancelled prompts, and prompts whose transfer failed, leave first. Those without a transfer
+  // still reading their blocks are finished by the caller (their blocks may then let a waiting
+  // job start in the next step).
+  std::vector<std::shared_ptr<Job>> leaving;
   for (const auto& job : running_) {
-    if (is_cancelled(job)) dropped->push_back(job);
+    if (job->abandoned()) leaving.push_back(job);
   }
-  running_.erase(std::remove_if(running_.begin(), running_.end(), is_cancelled), running_.end());
-  for (auto& job : *dropped) pool_.release(job->blocks);
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& job) { return job->abandoned(); }),
+                 running_.end());
+  for (const auto& job : leaving) {
+    job->end(cancelled("request " + job->spec.request_id + " was cancelled during prefill"));
+    if (leave_engine_locked(job)) dropped->push_back(job);
+  }
 
   std::vector<Slice> slices;
   int budget = config_.token_budget;
@@ -293,6 +329,7 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
     waiting_tokens_ -= job->n_tokens();
     job->started = now;
     running_.push_back(job);
+    if (config_.stream_kv) hand_to_sender_locked(job);  // its chunks go as the steps write them
     const int32_t n = std::min(job->n_tokens(), budget);
     slices.push_back({job, 0, n});
     budget -= n;
@@ -303,8 +340,16 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
 
 void PrefillEngine::run_step(std::vector<Slice> slices) {
   if (slices.empty()) return;
+  const int n_layers = model_.config().n_layers;
   // Jobs' token vectors and block tables do not change while they run: the batch can point at them.
   batch_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Slice& s : slices) {
+      s.job->kv_step_end = s.start + s.n;
+      s.job->kv_layers = 0;
+    }
+  }
   for (const Slice& s : slices) {
     const bool last = s.start + s.n == s.job->n_tokens();
     batch_.add(std::span<const int32_t>(s.job->spec.tokens).subspan(s.start, s.n), s.start, s.job->blocks,
@@ -320,42 +365,46 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     specs.push_back(Sampler(s.job->spec.sampling).spec_at(s.job->n_tokens()));
     finished.push_back(s.job);
   }
+  // Streaming: each layer's K and V of the step may leave as soon as the forward wrote them.
+  Model::LayerDone layer_done;
+  if (config_.stream_kv) {
+    layer_done = [&](int layer) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const Slice& s : slices) s.job->kv_layers = layer + 1;
+      }
+      kv_cv_.notify_all();
+    };
+  }
   std::vector<int32_t> first_tokens;
-  model_.forward_sample(batch_, *cache_, specs, &first_tokens);
+  model_.forward_sample(batch_, *cache_, specs, &first_tokens, layer_done);
   const Clock::time_point done = Clock::now();
   n_steps_++;
   if (metrics_) step_tokens_hist_->Observe(static_cast<double>(batch_.n_tokens()));
   for (size_t i = 0; i < finished.size(); ++i) finished[i]->first_token = first_tokens[i];
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Slice& s : slices) s.job->n_done += s.n;
-    for (const auto& job : finished) running_.erase(std::find(running_.begin(), running_.end(), job));
-    n_sending_ += static_cast<int>(finished.size());
+    for (const Slice& s : slices) {
+      s.job->n_done += s.n;
+      s.job->kv_done = s.job->kv_step_end;
+      s.job->kv_layers = n_layers;
+    }
     update_gauges_locked();
   }
+  kv_cv_.notify_all();
 
-  // TTFT does not wait for the KV: the first token goes out before the job reaches a sender (and
-  // before on_done, which only a sender calls from here on).
-  // A prompt whose logits are not finite gets no first token: it ends INTERNAL, and its KV is
-  // not sent.
-  std::vector<std::shared_ptr<Job>> broken;
-  for (auto it = finished.begin(); it != finished.end();) {
-    if ((*it)->first_token != kNonFiniteLogits) {
-      ++it;
+  // TTFT does not wait for the KV: the first token goes out before the rest of the hand-off, and
+  // before on_done. A prompt whose logits are not finite gets no first token: it ends INTERNAL,
+  // and its transfer is abandoned.
+  for (const auto& job : finished) {
+    if (job->first_token == kNonFiniteLogits) {
+      spdlog::error("req={}: the logits at position {} are not finite (NaN or infinity); ending it",
+                    job->spec.request_id, job->n_tokens());
+      std::lock_guard<std::mutex> lock(mu_);
+      job->end(internal_error("prefill worker " + config_.name + ": the logits at position " +
+                              std::to_string(job->n_tokens()) + " are not finite (NaN or infinity); no token was produced"));
       continue;
     }
-    spdlog::error("req={}: the logits at position {} are not finite (NaN or infinity); ending it", (*it)->spec.request_id,
-                  (*it)->n_tokens());
-    broken.push_back(*it);
-    it = finished.erase(it);
-  }
-  for (const auto& job : broken) {
-    finish(job,
-           internal_error("prefill worker " + config_.name + ": the logits at position " + std::to_string(job->n_tokens()) +
-                          " are not finite (NaN or infinity); no token was produced"),
-           0, 0, /*was_sending=*/true);
-  }
-  for (const auto& job : finished) {
     const double queue_s = seconds_between(job->submitted, job->started);
     const double prefill_s = seconds_between(job->started, done);
     if (metrics_) prefill_seconds_hist_->Observe(prefill_s);
@@ -363,16 +412,35 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
                   job->n_tokens(), queue_s, prefill_s, job->first_token);
     if (!job->cancelled && job->spec.on_first_token) job->spec.on_first_token(job->first_token, queue_s, prefill_s);
   }
-  if (!finished.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      to_send_.insert(to_send_.end(), finished.begin(), finished.end());
+  // Only now may a transfer end (its end carries the first token): on_first_token has returned.
+  std::vector<std::shared_ptr<Job>> done_jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& job : finished) {
+      running_.erase(std::find(running_.begin(), running_.end(), job));
+      job->prefilled = !job->ended.has_value();
+      job->prefilled_at = done;
+      if (job->prefilled && !job->abandoned() && !job->has_sender) hand_to_sender_locked(job);
+      if (leave_engine_locked(job)) done_jobs.push_back(job);
     }
-    send_cv_.notify_all();
+    update_gauges_locked();
   }
+  kv_cv_.notify_all();
+  for (const auto& job : done_jobs) finish(job);
 }
 
 // ---- KV hand-off -------------------------------------------------------------------------------
+
+void PrefillEngine::hand_to_sender_locked(const std::shared_ptr<Job>& job) {
+  job->has_sender = true;
+  to_send_.push_back(job);
+  send_cv_.notify_one();
+}
+
+bool PrefillEngine::leave_engine_locked(const std::shared_ptr<Job>& job) {
+  job->in_engine = false;
+  return !job->has_sender || job->sender_done;
+}
 
 void PrefillEngine::sender_loop() {
   for (;;) {
@@ -388,13 +456,85 @@ void PrefillEngine::sender_loop() {
   }
 }
 
+// The chunks of one job, in the order the steps write them: for each stretch of tokens the
+// engine has taken up (a step's, or everything done before the sender got to the job), layer 0's
+// chunks, then layer 1's, ... Each waits until the forward has written its layer.
+//
+// Concurrency: next() runs on a sender thread while the engine thread runs the forward. It only
+// reads positions whose layer the forward has already written, and no step writes those again;
+// blocks are not freed before the transfer ends. On CPU (plain memory) the copies cannot race;
+// the CUDA backend writes asynchronously, so there the forward reports no layer early (the
+// step's KV is complete when forward returns) and copies go on its own stream under its lock.
+class PrefillEngine::JobSource final : public KvSource {
+ public:
+  JobSource(PrefillEngine& engine, std::shared_ptr<Job> job, const KvTransferHeader& header)
+      : e_(engine),
+        job_(std::move(job)),
+        header_(header),
+        row_bytes_(kv_chunk_bytes(header, 1)),
+        layer_(header.n_layers) {
+    tokens_per_chunk_ = static_cast<int32_t>(
+        std::clamp<int64_t>(e_.config_.kv_chunk_bytes / (2 * row_bytes_), 1, header.n_tokens));
+  }
+
+  bool next(KvChunk* c) override {
+    const int32_t n_tokens = header_.n_tokens;
+    {
+      std::unique_lock<std::mutex> lock(e_.mu_);
+      for (;;) {
+        if (job_->abandoned()) return false;  // the receiver refuses what it got
+        if (layer_ == header_.n_layers) {  // the stretch is out: the next one, when there is one
+          if (stretch_end_ == n_tokens) {
+            if (job_->prefilled) return false;
+          } else if (job_->kv_step_end > stretch_end_ || job_->kv_done > stretch_end_) {
+            stretch_start_ = start_ = stretch_end_;
+            stretch_end_ = std::max(job_->kv_done, job_->kv_step_end);
+            layer_ = 0;
+            continue;
+          }
+        } else if (stretch_end_ <= job_->kv_done || layer_ < job_->kv_layers) {
+          break;  // this layer of the stretch is in the cache
+        }
+        e_.kv_cv_.wait(lock);
+      }
+    }
+    const int32_t n = std::min(tokens_per_chunk_, stretch_end_ - start_);
+    c->layer = layer_;
+    c->token_start = start_;
+    c->token_count = n;
+    c->k.resize(static_cast<size_t>(n * row_bytes_));
+    c->v.resize(static_cast<size_t>(n * row_bytes_));
+    e_.model_.backend().kv_export(*e_.cache_, layer_, job_->blocks.data(), start_, n, c->k.data(), c->v.data());
+    c->checksum = kv_checksum(c->k, c->v);
+    start_ += n;
+    if (start_ == stretch_end_) {
+      start_ = stretch_start_;
+      ++layer_;
+    }
+    return true;
+  }
+
+  std::optional<int32_t> first_token() override {
+    std::lock_guard<std::mutex> lock(e_.mu_);
+    if (job_->abandoned() || !job_->prefilled) return std::nullopt;
+    return job_->first_token;
+  }
+
+ private:
+  PrefillEngine& e_;
+  std::shared_ptr<Job> job_;
+  const KvTransferHeader& header_;
+  const int64_t row_bytes_;
+  int32_t tokens_per_chunk_ = 1;
+  // The stretch [stretch_start_, stretch_end_) being sent: `layer_`'s chunks from `start_` on.
+  // layer_ == n_layers: the stretch is out (initially the empty stretch [0, 0)).
+  int32_t stretch_start_ = 0, stretch_end_ = 0, start_ = 0;
+  int32_t layer_ = 0;
+};
+
 void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
   const Clock::time_point t0 = Clock::now();
   const std::string& id = job->spec.request_id;
-  if (job->cancelled) {
-    finish(job, cancelled("request " + id + " was cancelled before its KV transfer"), 0, 0, true);
-    return;
-  }
   const ModelConfig& mc = model_.config();
   KvTransferHeader header;
   header.request_id = id;
@@ -404,46 +544,33 @@ void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
   header.n_kv_heads = mc.n_kv_heads;
   header.head_dim = mc.head_dim;
   header.n_tokens = job->n_tokens();
-  header.first_token = job->first_token;
   header.token_ids = job->spec.tokens;
 
-  // Chunks are exported lazily, one at a time, as the transport asks for them: at most one
-  // chunk of this job's KV is in host memory here.
-  //
-  // Concurrency: this runs on a sender thread while the engine thread runs later steps. It only
-  // reads this job's blocks, which no step writes any more (the prompt is complete) and which
-  // are not freed before the transfer ends, so on CPU (plain memory) the copies cannot race. The
-  // CUDA backend copies on its own stream under its own lock; the forward that wrote these blocks
-  // finished before its first tokens came back.
-  const int64_t row_bytes = kv_chunk_bytes(header, 1);
-  const int32_t tokens_per_chunk =
-      static_cast<int32_t>(std::clamp<int64_t>(config_.kv_chunk_bytes / (2 * row_bytes), 1, header.n_tokens));
-  int32_t layer = 0;
-  int32_t start = 0;
-  Backend& backend = model_.backend();
-  auto next = [&](KvChunk* c) -> bool {
-    // A cancelled job ends its transfer early: the receiver refuses the incomplete KV.
-    if (layer == header.n_layers || job->cancelled) return false;
-    const int32_t n = std::min(tokens_per_chunk, header.n_tokens - start);
-    c->layer = layer;
-    c->token_start = start;
-    c->token_count = n;
-    c->k.resize(static_cast<size_t>(n * row_bytes));
-    c->v.resize(static_cast<size_t>(n * row_bytes));
-    backend.kv_export(*cache_, layer, job->blocks.data(), start, n, c->k.data(), c->v.data());
-    c->checksum = kv_checksum(c->k, c->v);
-    start += n;
-    if (start == header.n_tokens) {
-      start = 0;
-      ++layer;
-    }
-    return true;
-  };
+  Status status;
   int64_t bytes = 0;
-  Status status = transport_.send(job->spec.decode_address, header, next, &bytes);
-  const double seconds = seconds_between(t0, Clock::now());
-  if (!status.ok() && job->cancelled) {
-    status = cancelled("request " + id + " was cancelled during its KV transfer");
+  if (job->abandoned()) {
+    status = cancelled("request " + id + " ended before its KV transfer");
+  } else {
+    // Chunks are exported lazily, one at a time, as the transport asks for them: at most one
+    // chunk of this job's KV is in host memory here.
+    JobSource source(*this, job, header);
+    status = transport_.send(job->spec.decode_address, header, source, &bytes);
+  }
+  const Clock::time_point t1 = Clock::now();
+  bool done = false;
+  double seconds = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // What the hand-off adds to the request: from the first token (or the transfer's start, when
+    // it began later) to the decode worker's acknowledgement.
+    seconds = seconds_between(job->prefilled ? std::max(t0, job->prefilled_at) : t0, t1);
+    // A failed transfer ends the job (a running prompt stops at the next step boundary).
+    if (!status.ok()) job->end(job->cancelled ? cancelled("request " + id + " was cancelled during its KV transfer") : status);
+    job->sender_done = true;
+    job->transfer_status = status;
+    job->transfer_seconds = seconds;
+    job->bytes = bytes;
+    done = !job->in_engine;
   }
   if (metrics_) {
     // Per link: this prefill worker, the decode worker, the transport.
@@ -454,36 +581,58 @@ void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
     if (status.ok()) {
       metrics_->histogram(metrics_->kv_transfer_seconds, labels).Observe(seconds);
       metrics_->kv_transfer_bytes_total.Add(labels).Increment(static_cast<double>(bytes));
-    } else if (status.code() != StatusCode::kCancelled) {
+    } else if (status.code() != StatusCode::kCancelled && !job->cancelled) {
       metrics_->kv_transfer_errors_total.Add(labels).Increment();
     }
   }
   if (status.ok()) {
-    spdlog::debug("req={} KV sent to {}: {} bytes in {:.3f}s", id, job->spec.decode_address, bytes, seconds);
-  } else if (status.code() != StatusCode::kCancelled) {
+    spdlog::debug("req={} KV sent to {}: {} bytes, {:.3f}s after the first token", id, job->spec.decode_address, bytes,
+                  seconds);
+  } else if (status.code() != StatusCode::kCancelled && !job->cancelled) {
     spdlog::warn("req={} KV transfer failed: {}", id, status.to_string());
   }
-  finish(job, status, seconds, bytes, true);
+  if (done) {
+    finish(job);
+  } else {
+    work_cv_.notify_one();  // the engine drops the prompt at its next step boundary
+  }
 }
 
-void PrefillEngine::finish(const std::shared_ptr<Job>& job, const Status& status, double transfer_seconds,
-                           int64_t bytes, bool was_sending) {
+void PrefillEngine::finish(const std::shared_ptr<Job>& job) {
+  Status status;
+  double seconds = 0;
+  int64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!job->blocks.empty()) pool_.release(job->blocks);
     auto it = jobs_.find(job->spec.request_id);
     if (it != jobs_.end() && it->second == job) jobs_.erase(it);
-    if (was_sending) --n_sending_;
+    // A job that ended early says why; otherwise its transfer's result.
+    if (job->ended) {
+      status = *job->ended;
+    } else if (job->cancelled) {
+      status = cancelled("request " + job->spec.request_id + " was cancelled");
+    } else {
+      status = job->transfer_status;
+      seconds = job->transfer_seconds;
+      bytes = job->bytes;
+    }
     update_gauges_locked();
   }
   work_cv_.notify_one();  // freed blocks may let the head of the queue start
-  if (job->spec.on_done) job->spec.on_done(status, transfer_seconds, bytes);
+  if (job->spec.on_done) job->spec.on_done(status, seconds, bytes);
+}
+
+int PrefillEngine::n_sending_locked() const {
+  int n = 0;
+  for (const auto& [id, job] : jobs_) n += !job->in_engine && job->has_sender && !job->sender_done;
+  return n;
 }
 
 void PrefillEngine::update_gauges_locked() {
   if (!metrics_) return;
   queue_depth_gauge_->Set(static_cast<double>(waiting_.size()));
-  running_gauge_->Set(static_cast<double>(running_.size() + n_sending_));
+  running_gauge_->Set(static_cast<double>(running_.size() + n_sending_locked()));
   blocks_free_gauge_->Set(pool_.n_free());
 }
 

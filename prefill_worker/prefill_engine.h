@@ -4,7 +4,11 @@
 // thread. Protobuf-free: prefill_service.cpp adapts it to gRPC.
 //
 // A job's life: queued (no blocks) → running (blocks for its whole prompt, prefilled over one or
-// more steps) → sending (first token out; KV exported and sent) → done (blocks freed, on_done).
+// more steps) → sending (first token out; the rest of the KV and the first token sent) → done
+// (blocks freed, on_done). With stream_kv its transfer starts when it starts running: a sender
+// exports each layer of each step as soon as the forward has written it, so by the first token
+// only the last layer's KV is left to send. The blocks are freed once both the engine and the
+// transfer are done with them.
 //
 // A step: the running job left mid-prompt by the previous step goes first, then queued jobs in
 // FIFO order, each taking as many of its remaining tokens as the token budget has left (a prompt
@@ -49,7 +53,9 @@ struct PrefillConfig {
   DType kv_dtype = DType::kF32;      // KV cache element type, also the dtype on the wire
   int max_queued_tokens = 65536;     // bound on prompt tokens waiting to start; a submit beyond it is
                                      // RESOURCE_EXHAUSTED (a job is always accepted into an empty queue)
-  int n_senders = 2;                 // threads exporting and sending KV (each blocks on one transfer)
+  int n_senders = 4;                 // threads exporting and sending KV (each blocks on one transfer)
+  bool stream_kv = true;             // a job's transfer starts with its prefill: each layer's KV of a step
+                                     // leaves as soon as the forward wrote it (else after the first token)
   int64_t kv_chunk_bytes = 2 << 20;  // most K+V bytes in one KvChunk: chunks stay well below gRPC's
                                      // default 4 MiB message limit; at least one token per chunk
   std::string name;                  // this worker's name (its listen address): metric label, logs
@@ -130,18 +136,25 @@ class PrefillEngine {
     int32_t n = 0;
   };
 
+  class JobSource;  // a job's KvSource: its chunks as the steps write them (prefill_engine.cpp)
+
   void engine_loop();
   void sender_loop();
-  // Picks the step's slices (allocating blocks to jobs it starts) and takes cancelled running
-  // jobs out into `dropped`. Called with mu_ held.
+  // Picks the step's slices (allocating blocks to jobs it starts) and takes abandoned running
+  // jobs out; those that can be finished at once go to `dropped`. Called with mu_ held.
   std::vector<Slice> plan_step_locked(std::vector<std::shared_ptr<Job>>* dropped);
   // Runs one planned step (without mu_): forward, first tokens, hand-off to the senders.
   void run_step(std::vector<Slice> slices);
-  // Exports the job's KV and sends it; frees its blocks; calls on_done.
+  // Queues the job's transfer.
+  void hand_to_sender_locked(const std::shared_ptr<Job>& job);
+  // The engine is done with the job; true when its transfer is too (the caller then finishes it).
+  bool leave_engine_locked(const std::shared_ptr<Job>& job);
+  // Runs the job's transfer (a sender thread); finishes the job if the engine is done with it.
   void send_kv(const std::shared_ptr<Job>& job);
-  // Frees a job's blocks (if any), forgets it and calls on_done. Without mu_ held.
-  void finish(const std::shared_ptr<Job>& job, const Status& status, double transfer_seconds, int64_t bytes,
-              bool was_sending);
+  // Frees a job's blocks, forgets it and calls on_done with its outcome. Without mu_ held; once
+  // neither the engine nor a sender uses the job.
+  void finish(const std::shared_ptr<Job>& job);
+  int n_sending_locked() const;  // prefilled jobs whose transfer has not returned
   bool has_work_locked() const;
   void update_gauges_locked();
 
@@ -162,13 +175,13 @@ class PrefillEngine {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;                             // engine: new job, cancel, freed blocks, stop
   std::condition_variable send_cv_;                             // senders: a job to send, stop
+  std::condition_variable kv_cv_;                               // senders: KV written, a job ended
   BlockPool pool_;                                              // guarded by mu_
   std::deque<std::shared_ptr<Job>> waiting_;                    // FIFO, no blocks yet; guarded by mu_
   std::vector<std::shared_ptr<Job>> running_;                   // hold blocks, prompt unfinished; guarded by mu_
   std::deque<std::shared_ptr<Job>> to_send_;                    // first token out, KV to send; guarded by mu_
   std::unordered_map<std::string, std::shared_ptr<Job>> jobs_;  // every job in progress, by id; guarded by mu_
   int64_t waiting_tokens_ = 0;                                  // sum of waiting_ prompts; guarded by mu_
-  int n_sending_ = 0;                                           // jobs in to_send_ or being sent; guarded by mu_
   bool stopping_ = false;                                       // guarded by mu_
   bool senders_stop_ = false;                                   // guarded by mu_
   Clock::time_point beat_ = Clock::now();                       // the loop's last turn; guarded by mu_

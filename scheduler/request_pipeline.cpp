@@ -134,6 +134,7 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   attempt_.number = number;
   attempt_.id = random_request_id();
   attempt_.handed_to_scheduler = true;
+  kv_sent_reported_ = false;
   state_ = PipelineState::kQueued;
   PendingRequest pending;
   pending.id = attempt_.id;
@@ -253,6 +254,9 @@ void RequestPipeline::open_worker_calls_locked() {
   call.generated_ids = emitted_;
   call.sampling = req_.sampling;
   call.decode_address = attempt_.placement.decode_address;
+  // Before the call: the worker may take the request (and start its queue clock) before the call
+  // returns here, and the two parts of the queue time must not overlap.
+  if (attempt == 0) prefill_sent_ = deps_.clock->now();
   attempt_.prefill = deps_.client->prefill(
       attempt_.placement.prefill_address, call, req_.call_deadline,
       [weak, attempt](const PrefillUpdate& u) {
@@ -261,7 +265,6 @@ void RequestPipeline::open_worker_calls_locked() {
       [weak, attempt](const Status& s) {
         if (auto self = weak.lock()) self->on_prefill_done(attempt, s);
       });
-  if (attempt == 0) prefill_sent_ = deps_.clock->now();
 }
 
 void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u) {
@@ -269,6 +272,7 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
   if (!current(attempt)) return;
   if (u.kind == PrefillUpdate::Kind::kKvSent) {
     kv_transfer_s_ = u.transfer_seconds;
+    kv_sent_reported_ = true;
     return;
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
@@ -321,7 +325,10 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   Guard g(*this);
   if (!current(attempt)) return;
   if (u.decode_queue_seconds > 0) decode_queue_s_ = u.decode_queue_seconds;
-  if (u.kv_transfer_seconds > 0) kv_transfer_s_ = u.kv_transfer_seconds;
+  // The prefill worker's figure (first token → KV acknowledged) is the hand-off's cost to the
+  // request; the decode worker's (first byte → last, which overlaps the prefill when the KV
+  // streams) stands in only until that report arrives.
+  if (u.kv_transfer_seconds > 0 && !kv_sent_reported_) kv_transfer_s_ = u.kv_transfer_seconds;
   if (!attempt_.first_token) {
     attempt_.early.insert(attempt_.early.end(), u.token_ids.begin(), u.token_ids.end());
   } else {

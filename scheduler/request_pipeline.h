@@ -74,7 +74,7 @@ struct PipelineOutcome {
   int32_t n_generated = 0;
   double queue_seconds = 0;         // arrival → prefill compute start (first attempt)
   double prefill_seconds = 0;       // prefill compute (first attempt)
-  double kv_transfer_seconds = 0;   // (last attempt that moved KV)
+  double kv_transfer_seconds = 0;   // the hand-off after the first token (last attempt that moved KV)
   double decode_queue_seconds = 0;  // KV arrived → first decode step (last attempt)
   double ttft_seconds = 0;          // arrival → the first token handed to the sink
   double e2e_seconds = 0;           // arrival → the end
@@ -180,6 +180,7 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   TimePoint prefill_sent_{}, first_token_at_{};
   bool have_first_token_ = false;
   double queue_s_ = 0, prefill_s_ = 0, kv_transfer_s_ = 0, decode_queue_s_ = 0;
+  bool kv_sent_reported_ = false;  // the prefill worker's KV-sent report arrived
 };
 
 // 32 hex digits from the operating system's random source (128 bits).

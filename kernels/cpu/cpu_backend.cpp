@@ -131,6 +131,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return std::string("cpu (oneDNN, ") + dtype_name(dtype_) + " gemm)"; }
   DType compute_dtype() const override { return dtype_; }
+  bool synchronous() const override { return true; }
 
   Buffer alloc(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);

@@ -110,8 +110,8 @@ void CudaIpcKvTransport::give_back(const Staging& staging) {
   free_.push_back(staging);
 }
 
-Status CudaIpcKvTransport::send(const std::string& address, const KvTransferHeader& header,
-                                const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent) {
+Status CudaIpcKvTransport::send(const std::string& address, const KvTransferHeader& header, KvSource& source,
+                                int64_t* bytes_sent) {
   if (bytes_sent) *bytes_sent = 0;
   const auto deadline = std::chrono::system_clock::now() + config_.deadline;
   KvDeviceCall call(channels_.get(address), deadline);
@@ -140,7 +140,12 @@ Status CudaIpcKvTransport::send(const std::string& address, const KvTransferHead
   if (local.ok()) local = stream.create();
   int64_t bytes = 0;
   KvChunk chunk;
-  while (local.ok() && next(&chunk)) {
+  bool drained = false;
+  while (local.ok()) {
+    if (!source.next(&chunk)) {
+      drained = true;
+      break;
+    }
     // Slot i % window last held chunk i - window: wait for its ack before overwriting it.
     if (!call.wait_window(config_.window - 1)) break;
     Staging& slot = slots[static_cast<size_t>(call.n_written() % config_.window)];
@@ -185,6 +190,11 @@ Status CudaIpcKvTransport::send(const std::string& address, const KvTransferHead
     bytes += k_bytes + v_bytes;
   }
   if (!local.ok()) return call.fail(local, header.request_id, address);
+  if (drained) {
+    const std::optional<int32_t> first = source.first_token();
+    if (!first) return call.fail(cancelled("abandoned by its sender"), header.request_id, address);
+    call.write_end(*first);
+  }
   BATON_RETURN_IF_ERROR(call.finish(header.request_id, address));
   if (bytes_sent) *bytes_sent = bytes;
   return {};

@@ -62,7 +62,7 @@ class CudaIpcKvTransport final : public KvTransport {
   // UNAVAILABLE when it cannot be reached or a CUDA call fails, RESOURCE_EXHAUSTED when staging
   // memory cannot be allocated, DEADLINE_EXCEEDED past the deadline; the message names
   // `address`. `*bytes_sent` counts the K and V bytes the receiver acknowledged.
-  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+  Status send(const std::string& address, const KvTransferHeader& header, KvSource& source,
               int64_t* bytes_sent) override;
 
  private:

@@ -269,8 +269,8 @@ void NcclKvTransport::release(const std::shared_ptr<Peer>& peer, bool forget) {
   drop({peer}, "unavailable");
 }
 
-Status NcclKvTransport::send(const std::string& address, const KvTransferHeader& header,
-                             const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent) {
+Status NcclKvTransport::send(const std::string& address, const KvTransferHeader& header, KvSource& source,
+                             int64_t* bytes_sent) {
   if (bytes_sent) *bytes_sent = 0;
   const auto deadline = SysClock::now() + config_.deadline;
   const std::string what = "KV transfer of request " + header.request_id + " to decode worker " + address + ": ";
@@ -281,7 +281,7 @@ Status NcclKvTransport::send(const std::string& address, const KvTransferHeader&
   {
     std::unique_lock<std::timed_mutex> lock(peer->busy, std::defer_lock);
     if (lock.try_lock_until(SteadyClock::now() + config_.deadline)) {
-      s = transfer(*peer, address, header, next, bytes_sent, deadline, &forget);
+      s = transfer(*peer, address, header, source, bytes_sent, deadline, &forget);
     } else {
       s = deadline_exceeded(what + "an earlier transfer to the same decode worker still holds its communicator");
     }
@@ -291,7 +291,7 @@ Status NcclKvTransport::send(const std::string& address, const KvTransferHeader&
 }
 
 Status NcclKvTransport::transfer(Peer& p, const std::string& address, const KvTransferHeader& header,
-                                 const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent,
+                                 KvSource& source, int64_t* bytes_sent,
                                  SysClock::time_point deadline, bool* forget) {
   const std::string what = "KV transfer of request " + header.request_id + " to decode worker " + address + ": ";
   if (SteadyClock::now() < p.refused_until) {
@@ -338,7 +338,12 @@ Status NcclKvTransport::transfer(Peer& p, const std::string& address, const KvTr
     int64_t bytes = 0;
     Status local;
     KvChunk chunk;
-    while (next(&chunk)) {
+    bool drained = false;
+    for (;;) {
+      if (!source.next(&chunk)) {
+        drained = true;
+        break;
+      }
       if (!call.wait_window(config_.window - 1)) break;
       Peer::Slot& slot = p.slots[static_cast<size_t>(call.n_written() % config_.window)];
       local = post_chunk(p, slot, chunk, deadline);
@@ -353,6 +358,12 @@ Status NcclKvTransport::transfer(Peer& p, const std::string& address, const KvTr
       if (!call.write_chunk(desc)) break;
       bytes += static_cast<int64_t>(chunk.k.size() + chunk.v.size());
     }
+    std::optional<int32_t> first;
+    if (local.ok() && drained) {
+      first = source.first_token();
+      if (!first) local = cancelled("abandoned by its sender");
+    }
+    if (first) call.write_end(*first);
     const Status s =
         local.ok() ? call.finish(header.request_id, address) : call.fail(local, header.request_id, address);
     if (!s.ok()) {

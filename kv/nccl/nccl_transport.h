@@ -99,7 +99,7 @@ class NcclKvTransport final : public KvTransport {
   // deadline (waiting for an earlier transfer to the same worker included), FAILED_PRECONDITION
   // when libnccl cannot be loaded here; the message names `address`. `*bytes_sent` counts the K
   // and V bytes the receiver acknowledged.
-  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+  Status send(const std::string& address, const KvTransferHeader& header, KvSource& source,
               int64_t* bytes_sent) override;
 
   // Decode workers held now (for tests).
@@ -114,7 +114,7 @@ class NcclKvTransport final : public KvTransport {
   void release(const std::shared_ptr<Peer>& peer, bool forget);
   // One transfer on a peer whose lock the caller holds; `*forget` as release() takes it.
   Status transfer(Peer& p, const std::string& address, const KvTransferHeader& header,
-                  const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent,
+                  KvSource& source, int64_t* bytes_sent,
                   std::chrono::system_clock::time_point deadline, bool* forget);
   // Tears down `peers` (out of peers_, used by no send) and forgets their channels; logs `why`
   // unless it is null.

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <utility>
 
 #include "baton/v1/worker.grpc.pb.h"
@@ -21,7 +22,6 @@ void kv_header_to_proto(const KvTransferHeader& h, baton::v1::KvHeader* p) {
   p->set_n_kv_heads(h.n_kv_heads);
   p->set_head_dim(h.head_dim);
   p->set_n_tokens(h.n_tokens);
-  p->set_first_token(h.first_token);
   p->mutable_token_ids()->Assign(h.token_ids.begin(), h.token_ids.end());
 }
 
@@ -34,7 +34,6 @@ KvTransferHeader kv_header_from_proto(const baton::v1::KvHeader& p) {
   h.n_kv_heads = p.n_kv_heads();
   h.head_dim = p.head_dim();
   h.n_tokens = p.n_tokens();
-  h.first_token = p.first_token();
   h.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
   return h;
 }
@@ -65,8 +64,8 @@ TcpKvTransport::TcpKvTransport(std::shared_ptr<grpc::ChannelCredentials> credent
                                std::chrono::milliseconds deadline)
     : deadline_(deadline), channels_(std::move(credentials)) {}
 
-Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& header,
-                            const std::function<bool(KvChunk*)>& next, int64_t* bytes_sent) {
+Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& header, KvSource& source,
+                            int64_t* bytes_sent) {
   if (bytes_sent) *bytes_sent = 0;
   auto stub = baton::v1::DecodeWorker::NewStub(channels_.get(address));
   grpc::ClientContext context;
@@ -80,16 +79,32 @@ Status TcpKvTransport::send(const std::string& address, const KvTransferHeader& 
   int64_t bytes = 0;
   // A failed Write means the call is over (the receiver refused, the peer is gone, the deadline
   // passed): stop producing chunks; Finish() says why.
+  bool drained = false;
   while (ok) {
     KvChunk chunk;
-    if (!next(&chunk)) break;
+    if (!source.next(&chunk)) {
+      drained = true;
+      break;
+    }
     bytes += static_cast<int64_t>(chunk.k.size() + chunk.v.size());
     message.Clear();
     kv_chunk_to_proto(std::move(chunk), message.mutable_chunk());
     ok = writer->Write(message);
   }
-  if (ok) writer->WritesDone();
+  bool abandoned = false;
+  if (ok && drained) {
+    if (const std::optional<int32_t> first = source.first_token()) {
+      message.Clear();
+      message.mutable_end()->set_first_token(*first);
+      ok = writer->Write(message);
+    } else {
+      abandoned = true;
+      context.TryCancel();  // the receiver aborts: no end, no KV
+    }
+  }
+  if (ok && !abandoned) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  if (abandoned) return cancelled("KV transfer of request " + header.request_id + " abandoned by its sender");
   if (!status.ok()) {
     const Status s = from_grpc(status);
     return {s.code(),
@@ -119,12 +134,17 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
       return;
     }
     Status s;
-    if (message_.has_header()) {
+    if (first_token_) {
+      s = invalid_argument("a KvMessage after the transfer's end");
+    } else if (message_.has_header()) {
       s = on_header();
     } else if (message_.has_chunk()) {
       s = on_chunk();
+    } else if (message_.has_end()) {
+      s = check_.begun() ? Status{} : invalid_argument("the first KV message must be the header");
+      first_token_ = message_.end().first_token();
     } else {
-      s = invalid_argument("a KvMessage carries neither a header nor a chunk");
+      s = invalid_argument("a KvMessage carries neither a header, a chunk nor an end");
     }
     if (!s.ok()) {
       refuse(s);
@@ -170,7 +190,11 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
       refuse(s);
       return;
     }
-    const Status s = receiver_.kv_end(check_.header().request_id);
+    if (!first_token_) {
+      refuse(invalid_argument("the KV stream ended without its end (the first token)"));
+      return;
+    }
+    const Status s = receiver_.kv_end(check_.header().request_id, *first_token_);
     if (!s.ok()) {
       refuse(s);
       return;
@@ -194,6 +218,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
   KvStreamCheck check_;           // the header, and what the chunks so far covered
   bool begun_ = false;            // kv_begin accepted the header
   bool settled_ = false;          // kv_end or kv_abort called (the receiver is done with this transfer)
+  std::optional<int32_t> first_token_;  // the end arrived
 };
 
 }  // namespace

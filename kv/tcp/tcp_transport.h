@@ -39,7 +39,7 @@ class TcpKvTransport final : public KvTransport {
   // Errors: the decode worker's refusal as sent (FAILED_PRECONDITION, INVALID_ARGUMENT,
   // DATA_LOSS, ...), UNAVAILABLE when it cannot be reached, DEADLINE_EXCEEDED past the deadline;
   // the message names `address`. `*bytes_sent` counts the K and V bytes written.
-  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+  Status send(const std::string& address, const KvTransferHeader& header, KvSource& source,
               int64_t* bytes_sent) override;
 
  private:
@@ -66,7 +66,8 @@ KvChunk kv_chunk_from_proto(baton::v1::KvLayerChunk&& proto);
 // - every chunk: checksum (DATA_LOSS on mismatch), layer within the header, K and V of exactly
 //   kv_chunk_bytes(header, token_count) each and at most kMaxKvChunkBytes, token ranges of a
 //   layer arriving in order without gaps or overlaps (INVALID_ARGUMENT) → kv_chunk;
-// - the end of the stream: every layer must cover [0, n_tokens) (INVALID_ARGUMENT) → kv_end →
+// - the end (KvEnd, the first token), then the end of the stream: every layer must cover
+//   [0, n_tokens) and the end must have come, with nothing after it (INVALID_ARGUMENT) → kv_end →
 //   OK with ack->bytes = K and V bytes received.
 // Any refusal (its own or the receiver's) finishes the call with that status and calls
 // kv_abort; so does a cancelled or broken stream. kv_abort is called at most once, and only

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,7 @@ struct Request {
   std::string address;
   baton::KvTransferHeader header;
   std::vector<baton::KvChunk> chunks;
+  std::optional<int32_t> first_token;  // none: abandon the transfer after the chunks
 };
 
 bool read_request(Request* r) {
@@ -74,6 +76,8 @@ bool read_request(Request* r) {
     if (!message.ParseFromString(bytes)) return false;
     if (message.has_header()) {
       r->header = baton::kv_header_from_proto(message.header());
+    } else if (message.has_end()) {
+      r->first_token = message.end().first_token();
     } else {
       r->chunks.push_back(baton::kv_chunk_from_proto(std::move(*message.mutable_chunk())));
     }
@@ -103,16 +107,9 @@ int main(int argc, char** argv) {
     auto request = std::make_shared<Request>();
     if (!read_request(request.get())) break;
     threads.emplace_back([&transport, &out_mu, request] {
-      size_t i = 0;
       int64_t bytes = 0;
-      const baton::Status s = transport.send(
-          request->address, request->header,
-          [&](baton::KvChunk* c) {
-            if (i == request->chunks.size()) return false;
-            *c = request->chunks[i++];
-            return true;
-          },
-          &bytes);
+      baton::KvVectorSource source(request->chunks, request->first_token);
+      const baton::Status s = transport.send(request->address, request->header, source, &bytes);
       const int32_t code = static_cast<int32_t>(s.code());
       const uint32_t n = static_cast<uint32_t>(s.message().size());
       std::lock_guard<std::mutex> lock(out_mu);

@@ -114,18 +114,24 @@ class ChildIpcSender final : public KvTransport {
 
   std::string name() const override { return "cuda_ipc"; }
 
-  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+  Status send(const std::string& address, const KvTransferHeader& header, KvSource& source,
               int64_t* bytes_sent) override {
     std::vector<std::string> messages;
     v1::KvMessage m;
     kv_header_to_proto(header, m.mutable_header());
     messages.push_back(m.SerializeAsString());
     KvChunk c;
-    while (next(&c)) {
+    while (source.next(&c)) {
       m.Clear();
       kv_chunk_to_proto(std::move(c), m.mutable_chunk());
       messages.push_back(m.SerializeAsString());
       c = KvChunk{};
+    }
+    // The end, when the source gives one (without it the child abandons the transfer).
+    if (const std::optional<int32_t> first = source.first_token()) {
+      m.Clear();
+      m.mutable_end()->set_first_token(*first);
+      messages.push_back(m.SerializeAsString());
     }
     const uint64_t tag = next_tag_++;
     {
@@ -264,7 +270,7 @@ void run_large_chunks(KvTransport& transport, const std::string& address, Record
   for (int i = 0; i < 2; ++i) {
     const KvPayload p = make_large_payload(rng, "large-" + std::to_string(i) + "-" + std::to_string(rng()));
     int64_t bytes = 0;
-    const Status s = transport.send(address, p.header, baton::testing::chunk_source(p.chunks), &bytes);
+    const Status s = transport.send(address, p.header, *baton::testing::chunk_source(p), &bytes);
     INFO(s.to_string());
     REQUIRE(s.ok());
     CHECK(bytes == p.bytes);
@@ -277,7 +283,7 @@ void warm_up(KvTransport& transport, const std::string& address) {
   std::mt19937_64 rng(std::random_device{}());
   const KvPayload p = baton::testing::make_kv_payload(rng, "warm-up-" + std::to_string(rng()));
   int64_t bytes = 0;
-  const Status s = transport.send(address, p.header, baton::testing::chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(address, p.header, *baton::testing::chunk_source(p), &bytes);
   INFO(s.to_string());
   REQUIRE(s.ok());
 }
@@ -475,7 +481,7 @@ TEST_CASE("nccl transport rebuilds its communicator after a failure and a decode
   const KvPayload p = baton::testing::make_kv_payload(rng, "refused-" + std::to_string(rng()));
   server->receiver.on_chunk = [](const KvChunk&) -> Status { return resource_exhausted("no room"); };
   int64_t bytes = 0;
-  CHECK(transport.send(server->address, p.header, baton::testing::chunk_source(p.chunks), &bytes).code() ==
+  CHECK(transport.send(server->address, p.header, *baton::testing::chunk_source(p), &bytes).code() ==
         StatusCode::kResourceExhausted);
   CHECK(server->receiver.wait_aborted(p.header.request_id));
   server->receiver.on_chunk = nullptr;

@@ -25,7 +25,7 @@ TEST_CASE("disaggregated decode equals single-process generation", "[decode]") {
 
       const GenerateResult want = reference(fx, prompt, max_tokens, sp);
       const Transfer t = prefill(*fx.ref.model, id, prompt, sp, 1 + static_cast<int>(rnd() % 20));
-      REQUIRE(t.header.first_token == want.tokens.front());
+      REQUIRE(t.first_token == want.tokens.front());
 
       Collector out;
       REQUIRE(fx.engine->admit(admit_for(fx, id, n_prompt, max_tokens, sp)).ok());
@@ -98,7 +98,7 @@ TEST_CASE("a stop id as the first token ends the request at once", "[decode]") {
   const auto prompt = random_prompt(10, fx.vocab());
   for (const int32_t stop : fx.stop_ids) {
     Transfer t = prefill(*fx.ref.model, "eos", prompt, {}, 16);
-    t.header.first_token = stop;
+    t.first_token = stop;
     REQUIRE(fx.engine->admit(admit_for(fx, "eos", 10, 20, {})).ok());
     Collector out;
     REQUIRE(fx.engine->attach("eos", out.sink()).ok());
@@ -112,7 +112,7 @@ TEST_CASE("a stop id as the first token ends the request at once", "[decode]") {
 
   // ignore_eos: the stop id is an ordinary input and generation runs to max_tokens.
   Transfer t = prefill(*fx.ref.model, "ign", prompt, {}, 16);
-  t.header.first_token = fx.stop_ids.front();
+  t.first_token = fx.stop_ids.front();
   REQUIRE(fx.engine->admit(admit_for(fx, "ign", 10, 6, {}, /*ignore_eos=*/true)).ok());
   Collector out;
   REQUIRE(fx.engine->attach("ign", out.sink()).ok());
@@ -131,7 +131,7 @@ TEST_CASE("a stop id as the first token ends the request at once", "[decode]") {
   CHECK(out1.status.ok());
   CHECK(out1.tokens.empty());
   CHECK(out1.finish_reason ==
-        (std::find(fx.stop_ids.begin(), fx.stop_ids.end(), one.header.first_token) != fx.stop_ids.end() ? "stop"
+        (std::find(fx.stop_ids.begin(), fx.stop_ids.end(), one.first_token) != fx.stop_ids.end() ? "stop"
                                                                                                         : "length"));
   check_all_free(*fx.engine);
 }
@@ -219,7 +219,7 @@ TEST_CASE("cancel, release and abort free the blocks", "[decode]") {
     CHECK(fx.engine->load().free_blocks == reserved_free);
     CHECK(fx.engine->load().n_waiting == 1);
     // kv_end without a transfer in progress is refused.
-    CHECK(fx.engine->kv_end("a").code() == StatusCode::kFailedPrecondition);
+    CHECK(fx.engine->kv_end("a", 0).code() == StatusCode::kFailedPrecondition);
     Collector out;
     REQUIRE(fx.engine->attach("a", out.sink()).ok());
     REQUIRE(send(*fx.engine, t).ok());
@@ -334,7 +334,6 @@ TEST_CASE("admission and KV refusals", "[decode]") {
             h.token_ids.resize(1000, 1);
           }) == StatusCode::kInvalidArgument);
     CHECK(refused([](KvTransferHeader& h) { h.token_ids.pop_back(); }) == StatusCode::kInvalidArgument);
-    CHECK(refused([&](KvTransferHeader& h) { h.first_token = fx.vocab(); }) == StatusCode::kInvalidArgument);
     CHECK(refused([&](KvTransferHeader& h) { h.token_ids[0] = -1; }) == StatusCode::kInvalidArgument);
     // None of that disturbed the reservation: the real transfer goes through.
     CHECK(send(*fx.engine, good).ok());
@@ -368,11 +367,14 @@ TEST_CASE("admission and KV refusals", "[decode]") {
     CHECK(code(fx.engine->kv_chunk("y", good.chunks[0])) == StatusCode::kFailedPrecondition);
     // All but the last chunk: the end is refused and names the short layer.
     for (size_t i = 0; i + 1 < good.chunks.size(); ++i) REQUIRE(fx.engine->kv_chunk("x", good.chunks[i]).ok());
-    const Status short_end = fx.engine->kv_end("x");
+    const Status short_end = fx.engine->kv_end("x", good.first_token);
     CHECK(code(short_end) == StatusCode::kInvalidArgument);
     CHECK_THAT(short_end.message(), Catch::Contains("layer " + std::to_string(good.chunks.back().layer)));
     REQUIRE(fx.engine->kv_chunk("x", good.chunks.back()).ok());
-    REQUIRE(fx.engine->kv_end("x").ok());
+    // A first token outside the vocabulary is refused; the transfer can still end properly.
+    CHECK(code(fx.engine->kv_end("x", fx.vocab())) == StatusCode::kInvalidArgument);
+    CHECK(code(fx.engine->kv_end("x", -1)) == StatusCode::kInvalidArgument);
+    REQUIRE(fx.engine->kv_end("x", good.first_token).ok());
     Collector out;
     REQUIRE(fx.engine->attach("x", out.sink()).ok());
     REQUIRE(out.wait_done());

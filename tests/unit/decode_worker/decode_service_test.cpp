@@ -50,16 +50,9 @@ struct Server {
   }
 
   Status transfer(const Transfer& t) {
-    size_t next = 0;
     int64_t bytes = 0;
-    return kv.send(
-        address, t.header,
-        [&](KvChunk* c) {
-          if (next == t.chunks.size()) return false;
-          *c = t.chunks[next++];
-          return true;
-        },
-        &bytes);
+    KvVectorSource source(t.chunks, t.first_token);
+    return kv.send(address, t.header, source, &bytes);
   }
 
   DecodeService service;

@@ -70,6 +70,7 @@ inline std::vector<int32_t> random_prompt(int n, int vocab) {
 struct Transfer {
   KvTransferHeader header;
   std::vector<KvChunk> chunks;
+  int32_t first_token = 0;  // the end's: sampled at the prompt's last position
 };
 
 // Prefills `prompt` in a cache of its own, samples the first token as the prefill worker does (a
@@ -97,7 +98,7 @@ inline Transfer prefill(Model& model, const std::string& id, const std::vector<i
   h.n_kv_heads = c.n_kv_heads;
   h.head_dim = c.head_dim;
   h.n_tokens = n;
-  h.first_token = sampler.sample(logits, n);
+  t.first_token = sampler.sample(logits, n);
   h.token_ids = prompt;
   for (int layer = 0; layer < c.n_layers; ++layer) {
     for (int s = 0; s < n; s += chunk_tokens) {
@@ -124,7 +125,7 @@ inline Status send(KvReceiver& r, const Transfer& t) {
     st = r.kv_chunk(t.header.request_id, c);
     if (!st.ok()) break;
   }
-  if (st.ok()) st = r.kv_end(t.header.request_id);
+  if (st.ok()) st = r.kv_end(t.header.request_id, t.first_token);
   if (!st.ok()) r.kv_abort(t.header.request_id);
   return st;
 }

@@ -16,7 +16,9 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -34,6 +36,7 @@ class RecordingReceiver final : public KvReceiver {
     std::vector<KvChunk> chunks;
     bool ended = false;
     bool aborted = false;
+    int32_t first_token = -1;  // what kv_end carried
   };
 
   // Each hook, when set, may refuse the call by returning a non-ok Status.
@@ -43,7 +46,7 @@ class RecordingReceiver final : public KvReceiver {
   Status kv_begin(const KvTransferHeader& header) override {
     if (on_begin) BATON_RETURN_IF_ERROR(on_begin(header));
     std::lock_guard<std::mutex> lock(mu_);
-    transfers_[header.request_id] = Transfer{header, {}, false, false};
+    transfers_[header.request_id] = Transfer{header, {}, false, false, -1};
     return {};
   }
   Status kv_chunk(const std::string& request_id, const KvChunk& chunk) override {
@@ -52,9 +55,10 @@ class RecordingReceiver final : public KvReceiver {
     transfers_.at(request_id).chunks.push_back(chunk);
     return {};
   }
-  Status kv_end(const std::string& request_id) override {
+  Status kv_end(const std::string& request_id, int32_t first_token) override {
     std::lock_guard<std::mutex> lock(mu_);
     transfers_.at(request_id).ended = true;
+    transfers_.at(request_id).first_token = first_token;
     return {};
   }
   void kv_abort(const std::string& request_id) override {
@@ -96,6 +100,7 @@ struct KvPayload {
   std::vector<std::string> k, v;  // per layer: n_tokens × n_kv_heads × head_dim elements
   std::vector<KvChunk> chunks;    // in send order
   int64_t bytes = 0;              // K + V bytes of all chunks
+  int32_t first_token = 0;        // the end's
 };
 
 inline KvPayload make_kv_payload(std::mt19937_64& rng, const std::string& request_id) {
@@ -108,7 +113,7 @@ inline KvPayload make_kv_payload(std::mt19937_64& rng, const std::string& reques
   h.n_kv_heads = 1 + static_cast<int32_t>(rng() % 3);
   h.head_dim = 4 * (1 + static_cast<int32_t>(rng() % 8));
   h.n_tokens = 1 + static_cast<int32_t>(rng() % 200);
-  h.first_token = static_cast<int32_t>(rng() % 1000);
+  p.first_token = static_cast<int32_t>(rng() % 1000);
   for (int32_t i = 0; i < h.n_tokens; ++i) h.token_ids.push_back(static_cast<int32_t>(rng() % 1000));
   const int64_t layer_bytes = kv_chunk_bytes(h, h.n_tokens);
   auto random_bytes = [&](int64_t n) {
@@ -142,15 +147,14 @@ inline KvPayload make_kv_payload(std::mt19937_64& rng, const std::string& reques
   return p;
 }
 
-// A chunk source over `chunks` (copies, so a payload can be sent twice).
-inline std::function<bool(KvChunk*)> chunk_source(const std::vector<KvChunk>& chunks) {
-  auto i = std::make_shared<size_t>(0);
-  return [&chunks, i](KvChunk* c) {
-    if (*i == chunks.size()) return false;
-    *c = chunks[(*i)++];
-    return true;
-  };
+// A source over copies of `chunks` (so a payload can be sent twice) ending with `first_token`
+// (nullopt: the sender abandons the transfer after the chunks). `*chunk_source(...)` is a source
+// for the rest of the full expression.
+inline std::unique_ptr<KvSource> chunk_source(const std::vector<KvChunk>& chunks,
+                                              std::optional<int32_t> first_token) {
+  return std::make_unique<KvVectorSource>(chunks, first_token);
 }
+inline std::unique_ptr<KvSource> chunk_source(const KvPayload& p) { return chunk_source(p.chunks, p.first_token); }
 
 // K and V per layer reassembled from what the receiver recorded.
 inline void check_arrived_intact(const RecordingReceiver::Transfer& t, const KvPayload& p) {
@@ -163,7 +167,7 @@ inline void check_arrived_intact(const RecordingReceiver::Transfer& t, const KvP
   CHECK(a.n_kv_heads == b.n_kv_heads);
   CHECK(a.head_dim == b.head_dim);
   CHECK(a.n_tokens == b.n_tokens);
-  CHECK(a.first_token == b.first_token);
+  CHECK(t.first_token == p.first_token);
   CHECK(a.token_ids == b.token_ids);
   CHECK(t.ended);
   CHECK_FALSE(t.aborted);
@@ -207,7 +211,7 @@ inline void run_kv_transport_roundtrip(KvTransport& transport, const std::string
   std::mt19937_64 rng(std::random_device{}());
   const KvPayload one = make_kv_payload(rng, "rt-one-" + std::to_string(rng()));
   int64_t bytes = -1;
-  const Status s = transport.send(address, one.header, chunk_source(one.chunks), &bytes);
+  const Status s = transport.send(address, one.header, *chunk_source(one), &bytes);
   INFO(s.to_string());
   REQUIRE(s.ok());
   CHECK(bytes == one.bytes);
@@ -221,7 +225,7 @@ inline void run_kv_transport_roundtrip(KvTransport& transport, const std::string
   for (size_t i = 0; i < many.size(); ++i) {
     threads.emplace_back([&, i] {
       int64_t b = 0;
-      statuses[i] = transport.send(address, many[i].header, chunk_source(many[i].chunks), &b);
+      statuses[i] = transport.send(address, many[i].header, *chunk_source(many[i]), &b);
     });
   }
   for (auto& t : threads) t.join();
@@ -242,7 +246,7 @@ inline void run_kv_transport_refusals(KvTransport& transport, const std::string&
     return {};
   };
   int64_t bytes = 0;
-  Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  Status s = transport.send(address, p.header, *chunk_source(p), &bytes);
   CHECK(s.code() == StatusCode::kFailedPrecondition);
   CHECK(s.message().find("fingerprint") != std::string::npos);
   CHECK_FALSE(receiver.has(p.header.request_id));
@@ -250,7 +254,7 @@ inline void run_kv_transport_refusals(KvTransport& transport, const std::string&
 
   const KvPayload q = make_kv_payload(rng, "refuse-chunk-" + std::to_string(rng()));
   receiver.on_chunk = [](const KvChunk&) -> Status { return resource_exhausted("more KV than the reservation"); };
-  s = transport.send(address, q.header, chunk_source(q.chunks), &bytes);
+  s = transport.send(address, q.header, *chunk_source(q), &bytes);
   CHECK(s.code() == StatusCode::kResourceExhausted);
   CHECK(receiver.wait_aborted(q.header.request_id));
   CHECK_FALSE(receiver.get(q.header.request_id).ended);
@@ -266,7 +270,7 @@ inline void run_kv_transport_corruption(KvTransport& transport, const std::strin
   std::string& bytes_of = rng() % 2 ? victim.k : victim.v;
   bytes_of[rng() % bytes_of.size()] ^= static_cast<char>(1 + rng() % 255);
   int64_t bytes = 0;
-  const Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(address, p.header, *chunk_source(p), &bytes);
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kDataLoss);
   CHECK(receiver.wait_aborted(p.header.request_id));
@@ -280,11 +284,31 @@ inline void run_kv_transport_incomplete(KvTransport& transport, const std::strin
   KvPayload p = make_kv_payload(rng, "incomplete-" + std::to_string(rng()));
   p.chunks.pop_back();
   int64_t bytes = 0;
-  const Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(address, p.header, *chunk_source(p), &bytes);
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK(receiver.wait_aborted(p.header.request_id));
   CHECK_FALSE(receiver.get(p.header.request_id).ended);
+}
+
+// A sender that abandons the transfer after its chunks (the request was cancelled mid-prefill):
+// CANCELLED, and the receiver aborts instead of ending it.
+inline void run_kv_transport_abandoned(KvTransport& transport, const std::string& address,
+                                       RecordingReceiver& receiver) {
+  std::mt19937_64 rng(std::random_device{}());
+  KvPayload p = make_kv_payload(rng, "abandoned-" + std::to_string(rng()));
+  p.chunks.resize(rng() % (p.chunks.size() + 1));  // anything up to every chunk
+  int64_t bytes = 0;
+  const Status s = transport.send(address, p.header, *chunk_source(p.chunks, std::nullopt), &bytes);
+  INFO(s.to_string());
+  CHECK(s.code() == StatusCode::kCancelled);
+  // The cancellation may reach the receiver before the header does: then it never began.
+  const std::string& id = p.header.request_id;
+  receiver.wait_aborted(id, std::chrono::seconds(2));
+  if (receiver.has(id)) {
+    CHECK(receiver.get(id).aborted);
+    CHECK_FALSE(receiver.get(id).ended);
+  }
 }
 
 // Nobody listening → UNAVAILABLE, quickly.
@@ -293,7 +317,7 @@ inline void run_kv_transport_unreachable(KvTransport& transport, const std::stri
   const KvPayload p = make_kv_payload(rng, "unreachable-" + std::to_string(rng()));
   int64_t bytes = -1;
   const auto t0 = std::chrono::steady_clock::now();
-  const Status s = transport.send(unreachable_address, p.header, chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(unreachable_address, p.header, *chunk_source(p), &bytes);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kUnavailable);
@@ -308,13 +332,13 @@ inline void run_kv_transport_errors_name_worker(KvTransport& transport, const st
   const KvPayload p = make_kv_payload(rng, "named-" + std::to_string(rng()));
   receiver.on_begin = [](const KvTransferHeader&) -> Status { return failed_precondition("not admitted"); };
   int64_t bytes = 0;
-  Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  Status s = transport.send(address, p.header, *chunk_source(p), &bytes);
   receiver.on_begin = nullptr;
   CHECK(s.code() == StatusCode::kFailedPrecondition);
   CHECK(s.message().find(address) != std::string::npos);
   CHECK(s.message().find(p.header.request_id) != std::string::npos);
 
-  s = transport.send(unreachable_address, p.header, chunk_source(p.chunks), &bytes);
+  s = transport.send(unreachable_address, p.header, *chunk_source(p), &bytes);
   CHECK(s.code() == StatusCode::kUnavailable);
   CHECK(s.message().find(unreachable_address) != std::string::npos);
 }
@@ -332,7 +356,7 @@ inline void run_kv_transport_deadline(KvTransport& transport, std::chrono::milli
   };
   int64_t bytes = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const Status s = transport.send(address, p.header, chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(address, p.header, *chunk_source(p), &bytes);
   const auto elapsed = std::chrono::steady_clock::now() - t0;
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kDeadlineExceeded);
@@ -354,6 +378,9 @@ inline void run_kv_transport_conformance(KvTransport& transport, const std::stri
   }
   SECTION("incomplete") {
     run_kv_transport_incomplete(transport, address, receiver);
+  }
+  SECTION("abandoned by the sender") {
+    run_kv_transport_abandoned(transport, address, receiver);
   }
   SECTION("unreachable") {
     run_kv_transport_unreachable(transport, unreachable_address);

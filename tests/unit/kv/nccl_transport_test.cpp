@@ -58,7 +58,7 @@ Status send_one(NcclKvTransport& transport, const std::string& address) {
   std::mt19937_64 rng(std::random_device{}());
   const testing::KvPayload p = testing::make_kv_payload(rng, "nccl-" + std::to_string(rng()));
   int64_t bytes = -1;
-  const Status s = transport.send(address, p.header, testing::chunk_source(p.chunks), &bytes);
+  const Status s = transport.send(address, p.header, *testing::chunk_source(p), &bytes);
   CHECK(bytes == 0);
   CHECK(s.message().find(p.header.request_id) != std::string::npos);
   CHECK(s.message().find(address) != std::string::npos);

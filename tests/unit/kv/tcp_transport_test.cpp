@@ -135,10 +135,28 @@ TEST_CASE("TransferKv refuses malformed streams", "[kv][tcp]") {
           grpc::StatusCode::DATA_LOSS);
     CHECK(server.receiver.wait_aborted(id));
   }
+  std::vector<baton::v1::KvMessage> whole = {header_message(p.header)};
+  for (const KvChunk& c : p.chunks) whole.push_back(chunk_message(c));
+  baton::v1::KvMessage end;
+  end.mutable_end()->set_first_token(p.first_token);
+  SECTION("every chunk but no end") {
+    CHECK(send_raw(server.address, whole).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(server.receiver.wait_aborted(id));
+    CHECK_FALSE(server.receiver.get(id).ended);
+  }
+  SECTION("an end before the last chunk") {
+    std::vector<baton::v1::KvMessage> early = whole;
+    early.insert(early.end() - 1, end);
+    CHECK(send_raw(server.address, early).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(server.receiver.wait_aborted(id));
+  }
+  SECTION("an end before the header") {
+    CHECK(send_raw(server.address, {end}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_FALSE(server.receiver.has(id));
+  }
   SECTION("the whole stream, sent raw, is acknowledged with its byte count") {
-    std::vector<baton::v1::KvMessage> messages = {header_message(p.header)};
-    for (const KvChunk& c : p.chunks) messages.push_back(chunk_message(c));
-    CHECK(send_raw(server.address, messages).ok());
+    whole.push_back(end);
+    CHECK(send_raw(server.address, whole).ok());
     baton::testing::check_arrived_intact(server.receiver.get(id), p);
   }
 }
@@ -185,7 +203,7 @@ TEST_CASE("tcp transport: chunk sizes against gRPC's default 4 MiB message limit
     c.checksum = kv_checksum(c.k, c.v);
     const std::vector<KvChunk> chunks = {c};
     int64_t bytes = 0;
-    const Status s = transport.send(server.address, h, baton::testing::chunk_source(chunks), &bytes);
+    const Status s = transport.send(server.address, h, *baton::testing::chunk_source(chunks, 1), &bytes);
     INFO(kv_bytes << " bytes of K+V in one chunk: " << s.to_string());
     if (kv_bytes < (int64_t{4} << 20)) {
       CHECK(s.ok());

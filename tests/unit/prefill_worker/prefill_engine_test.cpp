@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "common/metrics.h"
 #include "model/generator.h"
@@ -198,7 +199,7 @@ TEST_CASE("prefill engine: first token and KV equal a single-prompt prefill", "[
   CHECK(sent.header.n_kv_heads == c.n_kv_heads);
   CHECK(sent.header.head_dim == c.head_dim);
   CHECK(sent.header.n_tokens == static_cast<int32_t>(prompt.size()));
-  CHECK(sent.header.first_token == ref.first_token);
+  CHECK(sent.first_token == ref.first_token);
   CHECK(sent.header.token_ids == prompt);
   CHECK(probe.bytes == int64_t{2} * c.n_layers * static_cast<int64_t>(prompt.size()) * c.n_kv_heads * c.head_dim * 4);
   check_kv_close(sent.kv, ref.kv);
@@ -217,38 +218,112 @@ TEST_CASE("prefill engine: prompts longer than the budget are chunked, same firs
   Fixture fx;
   std::mt19937 rng(std::random_device{}());
   const ModelConfig& c = fx.model->config();
+  for (const bool stream : {false, true}) {
+    INFO("stream_kv " << stream);
+    const int budget = 8 + static_cast<int>(rng() % 16);
+    const int n = 3 * budget + 1 + static_cast<int>(rng() % budget);
+    const auto prompt = random_prompt(rng, n, c.n_vocab);
+    const SamplingParams sampling = random_sampling(rng);
+    const Reference ref = reference(*fx.model, prompt, sampling);
+
+    RecordingTransport transport;
+    PrefillConfig config;
+    config.token_budget = budget;
+    config.block_size = 8;
+    config.stream_kv = stream;
+    // Small chunks (3 tokens of K+V): the hand-off splits every layer into many chunks.
+    const int64_t row = int64_t{c.n_kv_heads} * c.head_dim * 4;
+    config.kv_chunk_bytes = 3 * 2 * row + 5;
+    transport.max_chunk_bytes = config.kv_chunk_bytes;
+    PrefillEngine engine(*fx.model, transport, config);
+    Probe probe;
+    REQUIRE(engine.submit(make_job("long", prompt, sampling, probe)).ok());
+    CHECK(engine.load().queued_prompt_tokens == n);
+    REQUIRE(engine.run_step_for_test());
+    CHECK(engine.load().queued_prompt_tokens == n - budget);  // mid-prompt: counted until prefilled
+    CHECK(engine.load().n_running == 1);
+    CHECK_FALSE(probe.has_first);
+    const int steps = 1 + run_all_steps(engine);
+    CHECK(steps == (n + budget - 1) / budget);
+    CHECK(engine.n_steps() == steps);
+    REQUIRE(probe.wait_done());
+    REQUIRE(probe.status.ok());
+    CHECK(probe.first == ref.first_token);
+    const auto sent = transport.get("long");
+    CHECK(sent.first_token == ref.first_token);
+    // After the prompt, the whole KV at once; streamed, each stretch the sender found (a step's
+    // tokens, or several steps' when it fell behind) cut into chunks of 3.
+    if (!stream) CHECK(sent.n_chunks == c.n_layers * ((n + 2) / 3));
+    if (stream) CHECK(sent.n_chunks >= c.n_layers * ((n + 2) / 3));
+    check_kv_close(sent.kv, ref.kv);
+    CHECK(engine.load().free_blocks == engine.load().total_blocks);
+  }
+}
+
+TEST_CASE("prefill engine: streamed KV leaves while the prompt is still being prefilled", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
   const int budget = 8 + static_cast<int>(rng() % 16);
-  const int n = 3 * budget + 1 + static_cast<int>(rng() % budget);
+  const int n = 2 * budget + 1 + static_cast<int>(rng() % budget);  // three steps
   const auto prompt = random_prompt(rng, n, c.n_vocab);
   const SamplingParams sampling = random_sampling(rng);
   const Reference ref = reference(*fx.model, prompt, sampling);
-
   RecordingTransport transport;
   PrefillConfig config;
   config.token_budget = budget;
-  config.block_size = 8;
-  // Small chunks (3 tokens of K+V): the hand-off splits every layer into many chunks.
-  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim * 4;
-  config.kv_chunk_bytes = 3 * 2 * row + 5;
-  transport.max_chunk_bytes = config.kv_chunk_bytes;
   PrefillEngine engine(*fx.model, transport, config);
   Probe probe;
-  REQUIRE(engine.submit(make_job("long", prompt, sampling, probe)).ok());
-  CHECK(engine.load().queued_prompt_tokens == n);
+  REQUIRE(engine.submit(make_job("s", prompt, sampling, probe)).ok());
+  // Each step's KV, every layer of it, reaches the transport before the next step runs.
+  for (int step = 1; step <= 2; ++step) {
+    REQUIRE(engine.run_step_for_test());
+    INFO("step " << step);
+    CHECK(transport.wait_taken("s", [&](const auto& taken) {
+      std::vector<int32_t> covered(c.n_layers, 0);
+      for (const auto& [layer, end] : taken) covered[layer] = std::max(covered[layer], end);
+      return std::all_of(covered.begin(), covered.end(), [&](int32_t e) { return e == step * budget; });
+    }));
+    CHECK_FALSE(probe.has_first);
+    CHECK_FALSE(probe.done);  // the end (the first token) waits for the last step
+  }
   REQUIRE(engine.run_step_for_test());
-  CHECK(engine.load().queued_prompt_tokens == n - budget);  // mid-prompt: counted until prefilled
-  CHECK(engine.load().n_running == 1);
-  CHECK_FALSE(probe.has_first);
-  const int steps = 1 + run_all_steps(engine);
-  CHECK(steps == (n + budget - 1) / budget);
-  CHECK(engine.n_steps() == steps);
   REQUIRE(probe.wait_done());
   REQUIRE(probe.status.ok());
-  CHECK(probe.first == ref.first_token);
-  const auto sent = transport.get("long");
-  CHECK(sent.n_chunks == c.n_layers * ((n + 2) / 3));
+  CHECK_FALSE(probe.first_after_done);
+  const auto sent = transport.get("s");
+  CHECK(sent.first_token == ref.first_token);
   check_kv_close(sent.kv, ref.kv);
   CHECK(engine.load().free_blocks == engine.load().total_blocks);
+}
+
+TEST_CASE("prefill engine: a transfer that fails mid-prompt stops the prefill and returns the blocks", "[prefill]") {
+  Fixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const ModelConfig& c = fx.model->config();
+  RecordingTransport transport;
+  transport.result = failed_precondition("the decode worker refused the KV");
+  transport.fail_after_chunks = static_cast<int>(rng() % c.n_layers);  // within the first step's
+  PrefillConfig config;
+  config.token_budget = 8;
+  PrefillEngine engine(*fx.model, transport, config);
+  Probe probe;
+  REQUIRE(engine.submit(make_job("f", random_prompt(rng, 40, c.n_vocab), SamplingParams{}, probe)).ok());
+  REQUIRE(engine.run_step_for_test());
+  REQUIRE(transport.wait_taken("f", [&](const auto& taken) {
+    return static_cast<int>(taken.size()) > transport.fail_after_chunks;
+  }));
+  // The engine drops the prompt at its next step boundary: no more steps, no first token.
+  for (int i = 0; i < 1000 && !probe.done; ++i) {
+    engine.run_step_for_test();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(probe.wait_done());
+  CHECK(probe.status.code() == StatusCode::kFailedPrecondition);
+  CHECK_FALSE(probe.has_first);
+  CHECK(engine.n_steps() < 5);  // 40 tokens would take 5 steps
+  CHECK(engine.load().free_blocks == engine.load().total_blocks);
+  CHECK(engine.load().n_running == 0);
 }
 
 TEST_CASE("prefill engine: jobs batched into one step give the results of each alone", "[prefill]") {
@@ -329,10 +404,12 @@ TEST_CASE("prefill engine: cancel drops queued, running and sending jobs and ret
     REQUIRE(engine.run_step_for_test());
     CHECK(engine.load().free_blocks < engine.load().total_blocks);  // holds blocks for the whole prompt
     engine.cancel("a");
-    CHECK_FALSE(a.done);  // dropped at the next step boundary
+    CHECK_FALSE(a.done);  // dropped at the next step boundary, once its transfer let go
     REQUIRE(engine.run_step_for_test());
-    CHECK(a.done);
+    REQUIRE(a.wait_done());
     CHECK(a.status.code() == StatusCode::kCancelled);
+    REQUIRE(transport.has("a"));
+    CHECK_FALSE(transport.get("a").first_token);  // the transfer was abandoned
     CHECK_FALSE(a.has_first);
     CHECK_FALSE(engine.run_step_for_test());
     CHECK(engine.n_steps() == 1);

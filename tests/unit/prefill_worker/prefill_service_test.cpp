@@ -100,7 +100,7 @@ TEST_CASE("prefill service streams the first token, then KvSent", "[prefill][ser
   CHECK(r.events[0].first_token().token_id() == g->tokens[0]);
   const auto sent = fx.transport.get("s1");
   CHECK(sent.address == "decode-0:7000");
-  CHECK(sent.header.first_token == g->tokens[0]);
+  CHECK(sent.first_token == g->tokens[0]);
   CHECK(sent.header.model_fingerprint == fx.model->fingerprint());
 }
 
@@ -267,7 +267,7 @@ TEST_CASE("prefill engine over the tcp transport delivers the KV intact to a dec
   const auto got = receiver.get("tcp-e2e");
   CHECK(got.ended);
   CHECK(got.header.token_ids == prompt);
-  CHECK(got.header.first_token == want.header.first_token);
+  CHECK(got.first_token == want.first_token);
   CHECK(got.header.model_fingerprint == (*model)->fingerprint());
   CHECK(got.chunks.size() > static_cast<size_t>(got.header.n_layers));
   const int64_t row = kv_chunk_bytes(got.header, 1);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,10 +30,11 @@ class RecordingTransport final : public KvTransport {
     KvTransferHeader header;
     Kv kv;
     int n_chunks = 0;
+    std::optional<int32_t> first_token;  // the end's; nullopt: the sender abandoned the transfer
   };
 
   std::string name() const override { return "recording"; }
-  Status send(const std::string& address, const KvTransferHeader& header, const std::function<bool(KvChunk*)>& next,
+  Status send(const std::string& address, const KvTransferHeader& header, KvSource& source,
               int64_t* bytes_sent) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -41,7 +43,7 @@ class RecordingTransport final : public KvTransport {
       cv_.wait(lock, [this] { return gate_open_; });
       --n_waiting_;
     }
-    Sent s{address, header, {}, 0};
+    Sent s{address, header, {}, 0, std::nullopt};
     const int64_t layer_bytes = kv_chunk_bytes(header, header.n_tokens);
     const int64_t row = kv_chunk_bytes(header, 1);
     s.kv.k.assign(header.n_layers, std::string(layer_bytes, '\0'));
@@ -50,7 +52,18 @@ class RecordingTransport final : public KvTransport {
     int64_t bytes = 0;
     KvChunk c;
     // Runs on a sender thread: no Catch2 assertions here (not thread-safe); a bad chunk fails the send.
-    while (next(&c)) {
+    while (source.next(&c)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++taken_[header.request_id];
+        taken_layers_[header.request_id].push_back({c.layer, c.token_start + c.token_count});
+        if (fail_after_chunks >= 0 && taken_[header.request_id] > fail_after_chunks) {
+          sent_[header.request_id] = s;
+          cv_.notify_all();
+          return result;  // the receiver refused mid-stream: nothing more is taken
+        }
+      }
+      cv_.notify_all();
       if (c.checksum != kv_checksum(c.k, c.v)) return internal_error("checksum");
       if (c.layer < 0 || c.layer >= header.n_layers || c.token_start != covered[c.layer] ||
           static_cast<int64_t>(c.k.size()) != c.token_count * row || c.v.size() != c.k.size()) {
@@ -63,9 +76,11 @@ class RecordingTransport final : public KvTransport {
       bytes += static_cast<int64_t>(c.k.size() + c.v.size());
       ++s.n_chunks;
     }
+    s.first_token = source.first_token();
     const bool complete = std::all_of(covered.begin(), covered.end(), [&](int64_t n) { return n == header.n_tokens; });
     std::lock_guard<std::mutex> lock(mu_);
     sent_[header.request_id] = s;
+    if (!s.first_token) return cancelled("KV transfer of " + header.request_id + " abandoned by its sender");
     if (!complete) return invalid_argument("incomplete KV for " + header.request_id);
     if (!result.ok()) return result;
     *bytes_sent = bytes;
@@ -88,6 +103,11 @@ class RecordingTransport final : public KvTransport {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return n_waiting_ >= n; });
   }
+  // Waits until `pred(chunks taken so far for id)` holds (the send is still running).
+  bool wait_taken(const std::string& id, const std::function<bool(const std::vector<std::pair<int32_t, int32_t>>&)>& pred) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return pred(taken_layers_[id]); });
+  }
   bool has(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     return sent_.count(id) > 0;
@@ -97,7 +117,8 @@ class RecordingTransport final : public KvTransport {
     return sent_.at(id);
   }
 
-  Status result;  // what send() returns for a complete transfer
+  Status result;  // what send() returns for a complete transfer (and for one cut short below)
+  int fail_after_chunks = -1;  // >= 0: send() returns `result` when the receiver is offered one more chunk
   int64_t max_chunk_bytes = INT64_MAX;
 
  private:
@@ -106,6 +127,9 @@ class RecordingTransport final : public KvTransport {
   bool gate_open_ = true;
   int n_waiting_ = 0;
   std::map<std::string, Sent> sent_;
+  std::map<std::string, int> taken_;  // chunks taken so far, per request
+  // (layer, end token) of each chunk taken so far, per request, in order
+  std::map<std::string, std::vector<std::pair<int32_t, int32_t>>> taken_layers_;
 };
 
 }  // namespace baton::testing
