@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "baton/v1/generate.grpc.pb.h"
+#include "client/bench_plot.h"
 #include "client/bench_report.h"
 #include "client/bench_workload.h"
 #include "client/channel.h"
@@ -35,8 +36,13 @@ struct BenchArgs {
   int warmup = 0;
   double timeout = 0;
   std::string json_path;
+  std::vector<std::string> plot_paths;
   Slo slo;
 };
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 bool write_file(const std::string& path, const std::string& content) {
   std::ofstream out(path, std::ios::binary);
@@ -143,6 +149,10 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
   if (!a.json_path.empty() && !write_file(a.json_path, report_to_json(report).dump(2) + "\n")) {
     return fail(kExitFailure, "cannot write --json " + a.json_path);
   }
+  for (const std::string& path : a.plot_paths) {
+    const std::string content = ends_with(path, ".html") ? bench_plot_html(report) : bench_plot_svg(report);
+    if (!write_file(path, content)) return fail(kExitFailure, "cannot write --plot " + path);
+  }
   if (interrupts.interrupted()) {
     return fail(kExitInterrupted, "interrupted after " + std::to_string(n_sent) + " of " +
                                       (a.duration > 0 ? std::string("the") : std::to_string(n_planned)) +
@@ -219,6 +229,12 @@ void add_bench_command(CLI::App& app, std::function<int(InterruptWatcher&)>* run
       b->add_option("--slo-itl", *slo_itl, "SLO: a request's p99 inter-token gap (its max below 100 gaps), seconds")
           ->check(CLI::PositiveNumber);
   b->add_option("--json", a->json_path, "Also write the results as JSON to this file");
+  b->add_option("--plot", a->plot_paths, "Also draw the run into this .svg (or .html) file; may be repeated")
+      ->each([](const std::string& path) {
+        if (!ends_with(path, ".svg") && !ends_with(path, ".html")) {
+          throw CLI::ValidationError("--plot", "'" + path + "' must end in .svg or .html");
+        }
+      });
   b->callback([b, a, run, slo_ttft, slo_itl, ttft_option, itl_option, requests, conversations, turns, system_prompt] {
     if (b->count("--concurrency") + b->count("--rate") != 1) {
       throw CLI::ValidationError("bench", "give one of --concurrency or --rate");

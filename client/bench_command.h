@@ -3,7 +3,7 @@
 // and resend their history); closed loop (--concurrency) or open loop (--rate: Poisson
 // arrivals), for a count of requests or a --duration. Every request uses ignore_eos, so it
 // generates exactly --output-tokens. Client-side TTFT / ITL / e2e, the server's breakdown, chat
-// turns and SLO goodput are summarised as a table and as JSON (--json).
+// turns and SLO goodput are summarised as a table, JSON (--json) and a plot (--plot).
 #pragma once
 
 #include <CLI/CLI.hpp>

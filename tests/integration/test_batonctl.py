@@ -1,8 +1,8 @@
 """`batonctl`, the command-line client, against real `baton local` servers on the random test
 model: `generate` returns the same ids as single-process `baton generate` and prints the timing
 block; errors are one line with exit code 1 (server / RPC) or 2 (flags); `bench` in closed-loop
-and Poisson mode reports every request, the right token counts and ordered percentiles; the
-chat workload grows its prompts turn by turn
+and Poisson mode reports every request, the right token counts and ordered percentiles; its
+--plot SVG draws the --json report's values; the chat workload grows its prompts turn by turn
 from a shared system prompt (checked exactly against a recording frontend); Poisson arrivals
 have exponential gaps; goodput counts the requests within the SLOs."""
 
@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import threading
+import xml.etree.ElementTree as ET
 from concurrent import futures
 
 import pytest
@@ -174,10 +175,102 @@ def test_bench_errors(batonctl, shared_server):
               "--turns", "4", "--system-prompt-tokens", "100", "--prompt-tokens", "200", "--output-tokens", "50")
     assert_one_error_line(got, 2, r".*last chat turn.* = 1100 exceeds the context")
     for flags in (["--workload", "chat", "--requests", "3"], ["--workload", "chat", "--duration", "2"],
-                  ["--turns", "3"], ["--requests", "3", "--duration", "2"],
+                  ["--turns", "3"], ["--requests", "3", "--duration", "2"], ["--plot", "x.png"],
                   ["--workload", "dialogue"], ["--slo-ttft", "0"]):
         got = run(batonctl, "bench", "--address", shared_server.address, "--concurrency", "1", *flags)
         assert_one_error_line(got, 2, r".+")
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def classes(el):
+    return el.get("class", "").split()
+
+
+def find_class(root, cls, **data):
+    """Elements of class `cls` whose data-* attributes equal `data` (data_p="50" -> data-p)."""
+    return [el for el in root.iter() if cls in classes(el)
+            and all(el.get("data-" + k.replace("_", "-")) == v for k, v in data.items())]
+
+
+def axis_scale(panel, axis):
+    """(px of value 0, px per unit) of a panel's x-axis or y-axis, from its tick lines and labels."""
+    ticks = []
+    (ax,) = find_class(panel, axis)
+    for tick in find_class(ax, "tick"):
+        line, text = tick.find(SVG + "line"), tick.find(SVG + "text")
+        px = float(line.get("x1" if axis == "x-axis" else "y1"))
+        ticks.append((float(text.text), px))
+    assert len(ticks) >= 2, ticks
+    (v0, p0), (v1, p1) = ticks[0], ticks[-1]
+    per_unit = (p1 - p0) / (v1 - v0)
+    return p0 - v0 * per_unit, per_unit
+
+
+def shown_close(shown, value):
+    """`shown` (a printed number) is `value` rounded to the digits it shows."""
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    return abs(float(shown) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def test_bench_plot_draws_the_json_values(batonctl, shared_server, tmp_path):
+    out, svg_path, html_path = tmp_path / "bench.json", tmp_path / "bench.svg", tmp_path / "bench.html"
+    got = run(batonctl, "bench", "--address", shared_server.address, "--requests", "16", "--concurrency", "3",
+              "--prompt-tokens", "24", "--output-tokens", "6", "--slo-ttft", "10", "--json", out, "--plot", svg_path,
+              "--plot", html_path)
+    assert got.returncode == 0, got.stderr
+    report = json.loads(out.read_text())
+    text = svg_path.read_text()
+    assert len(text) < 100_000
+    root = ET.fromstring(text.encode())  # well-formed XML, or this raises
+    assert root.tag == SVG + "svg"
+    # The HTML page embeds the same drawing.
+    html = html_path.read_text()
+    assert html.startswith("<!DOCTYPE html>") and text[text.index("<svg"):] in html
+
+    # TTFT and ITL: a CDF each, with p50/p90/p99 drawn at the report's values and named with them.
+    for metric in ("ttft", "itl"):
+        (panel,) = find_class(root, "panel", metric=metric)
+        (cdf,) = find_class(panel, "cdf", metric=metric)
+        n = report["latency_ms"][metric]["n"]
+        assert cdf.get("d").count("V") == min(n, 400)
+        x0, per_ms = axis_scale(panel, "x-axis")
+        for p in ("50", "90", "99"):
+            want = report["latency_ms"][metric]["p" + p]
+            (label,) = find_class(panel, "percentile-label", metric=metric, p=p)
+            m = re.fullmatch(rf"p{p} ([0-9.]+) ms", label.text)
+            assert m and shown_close(m.group(1), want), (label.text, want)
+            (marker,) = find_class(panel, "percentile", metric=metric, p=p)
+            x = float(marker.find(SVG + "line").get("x1"))
+            assert abs((x - x0) / per_ms - want) <= 0.02 / per_ms + 1e-6, (metric, p, x, want)
+        assert any(t.text.startswith("ms") for t in find_class(panel, "axis-title"))
+    (slo_label,) = find_class(root, "slo-label", metric="ttft")
+    assert slo_label.text.startswith("SLO 10000 ms")
+
+    # The breakdown: one stacked bar per request in completion order, segment heights = server_ms.
+    (panel,) = find_class(root, "panel", metric="server_breakdown")
+    legend = {t.text for t in find_class(panel, "legend-label")}
+    assert {"queue", "prefill", "KV transfer", "decode queue", "decode (rest of e2e)"} <= legend
+    rows = sorted((r for r in report["per_request"] if r["server_ms"] is not None),
+                  key=lambda r: (r["finished_seconds"], r["index"]))
+    assert len(rows) == 16
+    y0, per_ms = axis_scale(panel, "y-axis")  # negative: y grows downwards
+    tops = [y0] * len(rows)
+    for key in ("queue", "prefill", "kv_transfer", "decode_queue", "decode"):
+        (seg,) = find_class(panel, "segment", segment=key)
+        rects = seg.findall(SVG + "rect")
+        assert len(rects) == len(rows), key
+        for i, (rect, row) in enumerate(zip(rects, rows)):
+            height = float(rect.get("height"))
+            assert abs(height / -per_ms - row["server_ms"][key]) <= 0.03 / -per_ms, (key, i, height, row)
+            # Stacked: each segment sits on the one below it.
+            assert abs(float(rect.get("y")) + height - tops[i]) <= 0.03, (key, i)
+            tops[i] = float(rect.get("y"))
+    for row in rows:
+        m = row["server_ms"]
+        parts = m["queue"] + m["prefill"] + m["kv_transfer"] + m["decode_queue"]
+        assert m["decode"] == pytest.approx(max(0.0, m["e2e"] - parts), abs=1e-9)
 
 
 def check_chat_rows(rows, conversations, turns, system, prompt, output):
@@ -203,7 +296,7 @@ def test_bench_chat_grows_the_history(batonctl, shared_server, tmp_path, pb):
     c, t, s, p, o = 5, 3, 40, 12, 5
     got = run(batonctl, "bench", "--address", shared_server.address, "--workload", "chat", "--conversations", c,
               "--turns", t, "--system-prompt-tokens", s, "--prompt-tokens", p, "--output-tokens", o,
-              "--concurrency", 2, "--json", out)
+              "--concurrency", 2, "--json", out, "--plot", tmp_path / "chat.svg")
     assert got.returncode == 0, got.stderr
     report = json.loads(out.read_text())
     assert report["config"]["workload"] == "chat"
@@ -231,6 +324,10 @@ def test_bench_chat_grows_the_history(batonctl, shared_server, tmp_path, pb):
     assert (report["tokens"]["cached_prompt"] is not None) == has_field
     if not has_field:
         assert re.search(r"^cached prompt\s+not reported by the server$", got.stdout, re.M), got.stdout
+    root = ET.fromstring((tmp_path / "chat.svg").read_bytes())
+    (panel,) = find_class(root, "panel", metric="ttft_by_turn")
+    (p99,) = find_class(panel, "turn-series", series="p99")
+    assert len(p99.findall(SVG + "rect")) == t
 
 
 class RecordingFrontend:
