@@ -1,7 +1,9 @@
-// `batonctl bench`: a load generator against a baton frontend. Closed loop (--concurrency C:
-// C requests always in flight) or open loop (--rate R: Poisson arrivals, R per second). Every
-// request is random prompt token ids with ignore_eos, so it generates exactly --output-tokens.
-// Client-side TTFT / ITL / e2e and the server's breakdown are summarised as a table and JSON.
+// `batonctl bench`: a load generator against a baton frontend. Workloads: random (one-turn
+// requests of random prompt ids) or chat (multi-turn conversations that share a system prompt
+// and resend their history); closed loop (--concurrency) or open loop (--rate: Poisson
+// arrivals), for a count of requests or a --duration. Every request uses ignore_eos, so it
+// generates exactly --output-tokens. Client-side TTFT / ITL / e2e, the server's breakdown, chat
+// turns and SLO goodput are summarised as a table, JSON (--json) and a plot (--plot).
 #pragma once
 
 #include <CLI/CLI.hpp>
