@@ -1,5 +1,7 @@
 #include "decode_worker/decode_engine.h"
 
+#include "decode_worker/decode_sequence.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -15,18 +17,17 @@ namespace {
 // freed when it finished; only the buffered events are kept).
 constexpr auto kUndeliveredTtl = std::chrono::minutes(2);
 
-double seconds_between(DecodeClock::time_point a, DecodeClock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-std::string n_str(int64_t n) {
-  return std::to_string(n);
-}
-
 }  // namespace
 
 Status validate_decode_config(const DecodeConfig& c) {
   if (c.max_batch < 1) return invalid_argument("max_batch must be >= 1 (got " + n_str(c.max_batch) + ")");
+  if (c.local_prefill_max_tokens < 0) {
+    return invalid_argument("local_prefill_max_tokens must be >= 0 (got " + n_str(c.local_prefill_max_tokens) + ")");
+  }
+  if (c.local_prefill_token_budget < 1) {
+    return invalid_argument("local_prefill_token_budget must be >= 1 (got " + n_str(c.local_prefill_token_budget) +
+                            ")");
+  }
   if (c.block_size < 1) return invalid_argument("block_size must be >= 1 (got " + n_str(c.block_size) + ")");
   if (c.n_blocks < 1) return invalid_argument("n_blocks must be >= 1 (got " + n_str(c.n_blocks) + ")");
   return {};
@@ -35,50 +36,6 @@ Status validate_decode_config(const DecodeConfig& c) {
 int64_t decode_kv_block_bytes(const ModelConfig& m, int block_size, DType kv_dtype) {
   return int64_t{2} * m.n_layers * block_size * m.n_kv_heads * m.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
 }
-
-enum class SeqState {
-  kWaitingKv,  // admitted: blocks reserved, KV not (completely) arrived
-  kRunning,    // KV complete: in running_, generating
-  kFinished,   // ended; blocks freed (or freed when the last import returns); events may wait for a sink
-};
-
-// One request. Fields marked (engine) are touched only by the engine thread once the sequence is
-// running; everything else is guarded by DecodeEngine::mu_.
-struct DecodeEngine::Sequence {
-  explicit Sequence(const DecodeAdmit& a) : admit(a), sampler(a.sampling) {}
-
-  DecodeAdmit admit;
-  SeqState state = SeqState::kWaitingKv;
-  std::vector<int32_t> table;  // blocks covering n_prompt_tokens + max_tokens positions
-  DecodeClock::time_point admitted_at = DecodeClock::now();
-
-  // ---- KV transfer (kWaitingKv) ----
-  bool kv_begun = false;
-  uint64_t kv_epoch = 0;  // bumped by begin/abort: an import from an aborted transfer counts for nothing
-  int32_t first_token = 0;
-  std::vector<uint8_t> covered;  // [n_layers][n_prompt_tokens]: position received
-  int64_t n_covered = 0;
-  int n_importing = 0;          // kv_import calls in flight (outside the lock) into `table`
-  bool free_when_idle = false;  // finished while importing: the last import frees the blocks
-  DecodeClock::time_point kv_begin_at, kv_end_at;
-
-  // ---- decoding ----
-  Sampler sampler;                   // (engine)
-  int32_t next_token = 0;            // (engine) input of the next step
-  int32_t position = 0;              // (engine) its position
-  int32_t n_generated = 0;           // tokens produced, counting the first (from prefill)
-  bool stepped = false;              // the first decode step ran
-  std::optional<Status> cancel_why;  // a running sequence ends with this at the next step boundary
-
-  // ---- output ----
-  DecodeSink sink;       // set once by attach()
-  DecodeOutput pending;  // events not yet handed to the sink, merged
-  bool has_pending = false;
-  bool timing_sent = false;  // the timings go on the first delivered event only
-  double decode_queue_seconds = 0;
-  double kv_transfer_seconds = 0;
-  DecodeClock::time_point finished_at;
-};
 
 Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(Model& model, std::vector<int32_t> stop_ids,
                                                            const DecodeConfig& config, Metrics* metrics) {
@@ -155,6 +112,26 @@ Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
                             ") exceeds the model's context of " + n_str(mc.n_ctx));
   }
   BATON_RETURN_IF_ERROR(validate_sampling(r.sampling));
+  const bool local = !r.prefill_tokens.empty();
+  if (local) {
+    if (static_cast<int64_t>(r.prefill_tokens.size()) > config_.local_prefill_max_tokens) {
+      return failed_precondition("request " + r.request_id + " asks decode worker " + config_.name + " to prefill " +
+                                 n_str(static_cast<int64_t>(r.prefill_tokens.size())) +
+                                 " tokens; it prefills prompts of up to " + n_str(config_.local_prefill_max_tokens) +
+                                 " tokens itself (--local-prefill-max-tokens)");
+    }
+    if (static_cast<int64_t>(r.prefill_tokens.size()) != r.n_prompt_tokens) {
+      return invalid_argument("request " + r.request_id + " has " + n_str(static_cast<int64_t>(r.prefill_tokens.size())) +
+                              " tokens to prefill but n_prompt_tokens " + n_str(r.n_prompt_tokens));
+    }
+    for (size_t i = 0; i < r.prefill_tokens.size(); ++i) {
+      if (r.prefill_tokens[i] < 0 || r.prefill_tokens[i] >= mc.n_vocab) {
+        return invalid_argument("request " + r.request_id + ": prefill token " + n_str(static_cast<int64_t>(i)) +
+                                " has id " + n_str(r.prefill_tokens[i]) + ", outside the vocabulary [0, " +
+                                n_str(mc.n_vocab) + ")");
+      }
+    }
+  }
 
   std::lock_guard lk(mu_);
   if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
@@ -173,12 +150,16 @@ Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
   }
   seqs_.emplace(r.request_id, seq);
   ++n_waiting_;
+  if (local) {
+    seq->state = SeqState::kPrefilling;
+    prefilling_.push_back(seq);
+  }
   update_gauges_locked();
-  if (r.deadline) work_ = true;  // the engine thread re-arms its timer
+  if (r.deadline || local) work_ = true;  // the engine thread re-arms its timer, or prefills
   if (reserved_blocks != nullptr) *reserved_blocks = n_blocks;
-  spdlog::info("decode req={} admitted: {} prompt tokens, max_tokens {}, {} blocks reserved, {} free", r.request_id,
-               r.n_prompt_tokens, r.max_tokens, n_blocks, pool_.n_free());
-  if (r.deadline) cv_.notify_one();
+  spdlog::info("decode req={} admitted: {} prompt tokens{}, max_tokens {}, {} blocks reserved, {} free", r.request_id,
+               r.n_prompt_tokens, local ? " (prefilled here)" : "", r.max_tokens, n_blocks, pool_.n_free());
+  if (r.deadline || local) cv_.notify_one();
   return {};
 }
 
@@ -217,7 +198,7 @@ void DecodeEngine::cancel(const std::string& id, const Status& why) {
     std::lock_guard lk(mu_);
     SeqPtr seq = find_locked(id);
     if (!seq || seq->state == SeqState::kFinished) return;
-    if (seq->state == SeqState::kRunning) {
+    if (seq->state == SeqState::kRunning || seq->state == SeqState::kPrefilling) {
       if (!seq->cancel_why) seq->cancel_why = reason;  // applied by the engine at the step boundary
       work_ = true;
     } else {
@@ -234,7 +215,7 @@ Status DecodeEngine::release(const std::string& id, const std::string& owner) {
     if (!seq) return {};
     BATON_RETURN_IF_ERROR(check_owner(id, seq->admit.owner, owner));
     const Status why = cancelled("request " + id + "'s reservation was released");
-    if (seq->state == SeqState::kRunning) {
+    if (seq->state == SeqState::kRunning || seq->state == SeqState::kPrefilling) {
       if (!seq->cancel_why) seq->cancel_why = why;
       work_ = true;
     } else if (seq->sink) {
@@ -251,7 +232,7 @@ Status DecodeEngine::release(const std::string& id, const std::string& owner) {
 
 bool DecodeEngine::stalled(DecodeClock::time_point now, std::chrono::nanoseconds limit) const {
   std::lock_guard lk(mu_);
-  return !in_wait_ && !running_.empty() && now - beat_ > limit;
+  return !in_wait_ && (!running_.empty() || !prefilling_.empty()) && now - beat_ > limit;
 }
 
 DecodeLoad DecodeEngine::load() const {
@@ -262,182 +243,8 @@ DecodeLoad DecodeEngine::load() const {
   l.block_size = pool_.block_size();
   l.n_running = static_cast<int32_t>(running_.size());
   l.n_waiting = n_waiting_;
+  l.local_prefill_max_tokens = config_.local_prefill_max_tokens;
   return l;
-}
-
-// ---- KV hand-off ------------------------------------------------------------------------------
-
-Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
-  const ModelConfig& mc = model_.config();
-  const std::string& id = h.request_id;
-  if (h.model_fingerprint != model_.fingerprint()) {
-    return failed_precondition("KV for request " + id + " comes from model fingerprint '" + h.model_fingerprint +
-                               "' but this decode worker serves '" + model_.fingerprint() + "'");
-  }
-  const std::string want_dtype = dtype_name(config_.kv_dtype);
-  if (h.dtype != want_dtype) {
-    return failed_precondition("KV for request " + id + " is " + h.dtype + " but this decode worker's KV cache is " +
-                               want_dtype + " (set the same --kv-dtype on both workers)");
-  }
-  if (h.n_layers != mc.n_layers || h.n_kv_heads != mc.n_kv_heads || h.head_dim != mc.head_dim) {
-    return failed_precondition("KV for request " + id + " has shape " + n_str(h.n_layers) + " layers x " +
-                               n_str(h.n_kv_heads) + " kv heads x " + n_str(h.head_dim) + " but the model has " +
-                               n_str(mc.n_layers) + " x " + n_str(mc.n_kv_heads) + " x " + n_str(mc.head_dim));
-  }
-  if (static_cast<int64_t>(h.token_ids.size()) != h.n_tokens) {
-    return invalid_argument("KV header for request " + id + " lists " +
-                            n_str(static_cast<int64_t>(h.token_ids.size())) + " token ids for n_tokens " +
-                            n_str(h.n_tokens));
-  }
-  for (int32_t t : h.token_ids) {
-    if (t < 0 || t >= mc.n_vocab)
-      return invalid_argument("KV header for request " + id + " has token id " + n_str(t) + " outside the vocabulary");
-  }
-
-  std::lock_guard lk(mu_);
-  if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
-  SeqPtr seq = find_locked(id);
-  if (!seq || seq->state != SeqState::kWaitingKv) {
-    return failed_precondition("request " + id + " is not admitted (or no longer waiting for KV) on decode worker " +
-                               config_.name);
-  }
-  const auto& senders = seq->admit.kv_senders;
-  if (!senders.empty() && std::find(senders.begin(), senders.end(), h.sender) == senders.end()) {
-    return permission_denied("KV for request " + id + " comes from " + h.sender +
-                             ", not from the prefill worker its Admit named");
-  }
-  if (h.n_tokens != seq->admit.n_prompt_tokens) {
-    return invalid_argument("KV for request " + id + " covers " + n_str(h.n_tokens) + " tokens but " +
-                            n_str(seq->admit.n_prompt_tokens) + " were admitted");
-  }
-  if (seq->kv_begun) return failed_precondition("a KV transfer for request " + id + " is already in progress");
-  seq->kv_begun = true;
-  ++seq->kv_epoch;
-  seq->covered.assign(static_cast<size_t>(mc.n_layers) * h.n_tokens, 0);
-  seq->n_covered = 0;
-  seq->kv_begin_at = DecodeClock::now();
-  return {};
-}
-
-Status DecodeEngine::kv_chunk(const std::string& id, const KvChunk& c) {
-  const ModelConfig& mc = model_.config();
-  SeqPtr seq;
-  uint64_t epoch = 0;
-  {
-    std::lock_guard lk(mu_);
-    seq = find_locked(id);
-    if (!seq || seq->state != SeqState::kWaitingKv || !seq->kv_begun) {
-      return failed_precondition("no KV transfer in progress for request " + id + " on decode worker " + config_.name);
-    }
-    const int64_t n_tokens = seq->admit.n_prompt_tokens;
-    if (c.layer < 0 || c.layer >= mc.n_layers) {
-      return invalid_argument("KV chunk for request " + id + " names layer " + n_str(c.layer) + " of " +
-                              n_str(mc.n_layers));
-    }
-    if (c.token_count < 1 || c.token_start < 0 || int64_t{c.token_start} + c.token_count > n_tokens) {
-      return invalid_argument("KV chunk for request " + id + " covers tokens [" + n_str(c.token_start) + ", " +
-                              n_str(int64_t{c.token_start} + c.token_count) + "), outside [0, " + n_str(n_tokens) +
-                              ")");
-    }
-    const int64_t bytes = int64_t{c.token_count} * mc.n_kv_heads * mc.head_dim * dtype_size(config_.kv_dtype);
-    if (bytes > kMaxKvChunkBytes) {
-      return invalid_argument("KV chunk for request " + id + " is " + n_str(bytes) + " bytes, over the limit of " +
-                              n_str(kMaxKvChunkBytes) + ": send fewer tokens per chunk");
-    }
-    if (static_cast<int64_t>(c.k.size()) != bytes || static_cast<int64_t>(c.v.size()) != bytes) {
-      return invalid_argument("KV chunk for request " + id + " layer " + n_str(c.layer) + " has " +
-                              n_str(static_cast<int64_t>(c.k.size())) + " K and " +
-                              n_str(static_cast<int64_t>(c.v.size())) + " V bytes; " + n_str(c.token_count) +
-                              " tokens need " + n_str(bytes) + " each");
-    }
-    ++seq->n_importing;  // keeps `table` allocated to this request until the import returns
-    epoch = seq->kv_epoch;
-  }
-
-  // Checksum and copy without the lock: they scale with the bytes moved.
-  Status st;
-  if (kv_checksum(c.k, c.v) != c.checksum) {
-    st = data_loss("KV chunk for request " + id + " layer " + n_str(c.layer) + " tokens [" + n_str(c.token_start) +
-                   ", " + n_str(int64_t{c.token_start} + c.token_count) + ") fails its checksum");
-  } else {
-    model_.backend().kv_import(*cache_, c.layer, seq->table.data(), c.token_start, c.token_count, c.k.data(),
-                               c.v.data());
-  }
-
-  std::lock_guard lk(mu_);
-  --seq->n_importing;
-  if (st.ok() && seq->state == SeqState::kWaitingKv && seq->kv_epoch == epoch) {
-    uint8_t* row = seq->covered.data() + static_cast<size_t>(c.layer) * seq->admit.n_prompt_tokens;
-    for (int32_t t = c.token_start; t < c.token_start + c.token_count; ++t) {
-      seq->n_covered += row[t] == 0;
-      row[t] = 1;
-    }
-  }
-  if (seq->n_importing == 0 && seq->free_when_idle) {
-    seq->free_when_idle = false;
-    pool_.release(seq->table);
-    update_gauges_locked();
-  }
-  return st;
-}
-
-Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
-  const ModelConfig& mc = model_.config();
-  if (first_token < 0 || first_token >= mc.n_vocab) {
-    return invalid_argument("KV transfer for request " + id + " ends with first token " + n_str(first_token) +
-                            ", outside the vocabulary [0, " + n_str(mc.n_vocab) + ")");
-  }
-  {
-    std::lock_guard lk(mu_);
-    SeqPtr seq = find_locked(id);
-    if (!seq || seq->state != SeqState::kWaitingKv || !seq->kv_begun) {
-      return failed_precondition("no KV transfer in progress for request " + id + " on decode worker " + config_.name);
-    }
-    const int32_t n_tokens = seq->admit.n_prompt_tokens;
-    if (seq->n_covered != int64_t{mc.n_layers} * n_tokens) {
-      for (int layer = 0; layer < mc.n_layers; ++layer) {
-        const uint8_t* row = seq->covered.data() + static_cast<size_t>(layer) * n_tokens;
-        const int64_t got = std::count(row, row + n_tokens, uint8_t{1});
-        if (got != n_tokens) {
-          return invalid_argument("KV transfer for request " + id + " ended with layer " + n_str(layer) + " holding " +
-                                  n_str(got) + " of " + n_str(n_tokens) + " tokens");
-        }
-      }
-    }
-    seq->first_token = first_token;
-    seq->kv_end_at = DecodeClock::now();
-    seq->kv_transfer_seconds = seconds_between(seq->kv_begin_at, seq->kv_end_at);
-    seq->covered = {};
-    // Continue exactly where a single-process Generator would: the first token (sampled by the
-    // prefill worker at position n_tokens) is the input there; draws are keyed by position.
-    seq->next_token = seq->first_token;
-    seq->position = n_tokens;
-    seq->n_generated = 1;
-    seq->state = SeqState::kRunning;
-    --n_waiting_;
-    if (!seq->admit.ignore_eos && is_stop(seq->first_token)) {
-      finish_locked(seq, {}, "stop");
-    } else if (seq->n_generated >= seq->admit.max_tokens) {
-      finish_locked(seq, {}, "length");
-    } else {
-      running_.push_back(seq);
-    }
-    update_gauges_locked();
-    work_ = true;
-  }
-  cv_.notify_one();
-  return {};
-}
-
-void DecodeEngine::kv_abort(const std::string& id) {
-  std::lock_guard lk(mu_);
-  SeqPtr seq = find_locked(id);
-  if (!seq || seq->state != SeqState::kWaitingKv) return;
-  seq->kv_begun = false;
-  ++seq->kv_epoch;
-  seq->covered = {};
-  seq->n_covered = 0;
-  spdlog::info("decode req={} KV transfer aborted; reservation kept", id);
 }
 
 // ---- the engine thread ------------------------------------------------------------------------
@@ -454,12 +261,14 @@ void DecodeEngine::run() {
     work_ = false;
     beat_ = DecodeClock::now();
     // Step boundary: apply cancellations, deadlines; hand out events.
-    for (size_t i = 0; i < running_.size();) {
-      SeqPtr seq = running_[i];
-      if (seq->cancel_why) {
-        finish_locked(seq, *seq->cancel_why, "");  // erases it from running_
-      } else {
-        ++i;
+    for (auto* list : {&running_, &prefilling_}) {
+      for (size_t i = 0; i < list->size();) {
+        SeqPtr seq = (*list)[i];
+        if (seq->cancel_why) {
+          finish_locked(seq, *seq->cancel_why, "");  // erases it from the list
+        } else {
+          ++i;
+        }
       }
     }
     const auto next_wake = expire_locked(DecodeClock::now());
@@ -471,7 +280,7 @@ void DecodeEngine::run() {
       lk.lock();
     }
     if (stopping_) break;
-    if (running_.empty()) {
+    if (running_.empty() && prefilling_.empty()) {
       in_wait_ = true;  // waiting for work is not a stall, however long
       if (next_wake) {
         cv_.wait_until(lk, *next_wake, [this] { return work_; });
@@ -487,9 +296,25 @@ void DecodeEngine::run() {
     const size_t n = std::min(running_.size(), static_cast<size_t>(config_.max_batch));
     batch.assign(running_.begin(), running_.begin() + static_cast<std::ptrdiff_t>(n));
     const auto step_start = DecodeClock::now();
+    const std::vector<PrefillSlice> prefills = plan_prefills_locked();
+    for (const PrefillSlice& p : prefills) {
+      if (!p.seq->prefill_started) {
+        p.seq->prefill_started = true;
+        p.seq->prefill_start_at = step_start;
+      }
+    }
     lk.unlock();
-    step(batch, &sampled);
+    step(batch, prefills, &sampled);
     lk.lock();
+    const auto step_end = DecodeClock::now();
+    // Prompts prefilled here: the chunk's KV is in, and a finished prompt's first token sampled
+    // (after the decode sequences' samples, in slice order).
+    size_t next_sample = batch.size();
+    for (const PrefillSlice& p : prefills) {
+      Sequence& s = *p.seq;
+      s.n_prefilled = p.start + p.n;
+      if (s.n_prefilled == s.admit.n_prompt_tokens) prefilled_locked(p.seq, sampled[next_sample++], step_end);
+    }
 
     for (size_t i = 0; i < batch.size(); ++i) {
       Sequence& s = *batch[i];
@@ -523,17 +348,71 @@ void DecodeEngine::run() {
   }
 }
 
-void DecodeEngine::step(const std::vector<SeqPtr>& batch, std::vector<int32_t>* sampled) {
+void DecodeEngine::step(const std::vector<SeqPtr>& batch, const std::vector<PrefillSlice>& prefills,
+                        std::vector<int32_t>* sampled) {
   StepBatch b;
   for (const SeqPtr& s : batch) {
     BATON_CHECK(s->position < static_cast<int64_t>(s->table.size()) * config_.block_size,
                 "position %d beyond the reserved blocks of request %s", s->position, s->admit.request_id.c_str());
     b.add(std::span(&s->next_token, 1), s->position, s->table, Logits::kLast);
   }
+  for (const PrefillSlice& p : prefills) {
+    const bool last = p.start + p.n == p.seq->admit.n_prompt_tokens;
+    b.add(std::span<const int32_t>(p.seq->admit.prefill_tokens).subspan(p.start, p.n), p.start, p.seq->table,
+          last ? Logits::kLast : Logits::kNone);
+  }
   // Sampled where the logits are: on a GPU only the ids come back.
   specs_.clear();
   for (const SeqPtr& s : batch) specs_.push_back(s->sampler.spec_at(s->position + 1));  // the token after the input
+  for (const PrefillSlice& p : prefills) {
+    // The first token, at the position after the prompt, as a prefill worker draws it.
+    if (p.start + p.n == p.seq->admit.n_prompt_tokens) specs_.push_back(p.seq->sampler.spec_at(p.seq->admit.n_prompt_tokens));
+  }
   model_.forward_sample(b, *cache_, specs_, sampled);
+}
+
+std::vector<DecodeEngine::PrefillSlice> DecodeEngine::plan_prefills_locked() const {
+  std::vector<PrefillSlice> out;
+  int budget = config_.local_prefill_token_budget;
+  for (const SeqPtr& seq : prefilling_) {
+    if (budget == 0) break;
+    const int32_t n = std::min(seq->admit.n_prompt_tokens - seq->n_prefilled, budget);
+    out.push_back({seq, seq->n_prefilled, n});
+    budget -= n;
+  }
+  return out;
+}
+
+void DecodeEngine::prefilled_locked(const SeqPtr& seq, int32_t first, DecodeClock::time_point step_end) {
+  Sequence& s = *seq;
+  s.queue_seconds = seconds_between(s.admitted_at, s.prefill_start_at);
+  s.prefill_seconds = seconds_between(s.prefill_start_at, step_end);
+  if (first == kNonFiniteLogits) {
+    spdlog::error("decode req={}: the logits at position {} are not finite (NaN or infinity); ending it",
+                  s.admit.request_id, s.admit.n_prompt_tokens);
+    finish_locked(seq, internal_error("decode worker " + config_.name + ": the logits at position " +
+                                          std::to_string(s.admit.n_prompt_tokens) +
+                                          " are not finite (NaN or infinity); no token was produced"),
+                  "");
+    return;
+  }
+  prefilling_.erase(std::remove(prefilling_.begin(), prefilling_.end(), seq), prefilling_.end());
+  --n_waiting_;
+  s.state = SeqState::kRunning;
+  s.kv_end_at = step_end;  // decode queue: from here to its first decode step
+  s.next_token = first;
+  s.position = s.admit.n_prompt_tokens;
+  s.n_generated = 1;
+  s.pending.token_ids.push_back(first);
+  s.pending.first_token_included = true;
+  s.has_pending = true;
+  if (!s.admit.ignore_eos && is_stop(first)) {
+    finish_locked(seq, {}, "stop");
+  } else if (s.n_generated >= s.admit.max_tokens) {
+    finish_locked(seq, {}, "length");
+  } else {
+    running_.push_back(seq);
+  }
 }
 
 // ---- helpers (under mu_) ------------------------------------------------------------------------
@@ -544,6 +423,9 @@ void DecodeEngine::finish_locked(const SeqPtr& seq, const Status& status, const 
   if (s.state == SeqState::kRunning) {
     running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   } else {
+    if (s.state == SeqState::kPrefilling) {
+      prefilling_.erase(std::remove(prefilling_.begin(), prefilling_.end(), seq), prefilling_.end());
+    }
     --n_waiting_;
   }
   s.state = SeqState::kFinished;
@@ -586,6 +468,8 @@ void DecodeEngine::collect_deliveries_locked(std::vector<Delivery>* out) {
         s.timing_sent = true;
         o.decode_queue_seconds = s.decode_queue_seconds;
         o.kv_transfer_seconds = s.kv_transfer_seconds;
+        o.queue_seconds = s.queue_seconds;
+        o.prefill_seconds = s.prefill_seconds;
       }
       const bool done = o.done;
       out->emplace_back(it->second, std::move(o));

@@ -53,6 +53,13 @@ struct DecodeConfig {
   int block_size = 16;           // tokens per KV block
   DType kv_dtype = DType::kF32;  // KV cache element type; the prefill worker must send the same
   std::string name;              // this worker's name (its listen address): logs and metric labels
+  // Local prefill (--local-prefill-max-tokens): a request admitted with its prompt of at most this
+  // many tokens is prefilled here, in the decode steps, instead of its KV arriving from a prefill
+  // worker (0: never). A colocated server is this with no limit.
+  int local_prefill_max_tokens = 0;
+  // Most prompt tokens one decode step prefills (chunked prefill, as Sarathi-Serve does): bounds how
+  // long a step, and so every running sequence's next token, waits for prompts.
+  int local_prefill_token_budget = 512;
 };
 
 // INVALID_ARGUMENT naming the field when a value is out of range (the one place it is checked).
@@ -62,10 +69,14 @@ int64_t decode_kv_block_bytes(const ModelConfig& model, int block_size, DType kv
 
 using DecodeClock = std::chrono::steady_clock;
 
-// What the frontend reserves before the prefill worker sends the KV.
+// What the frontend reserves before the prefill worker sends the KV (or, with prefill_tokens, what
+// this worker prefills itself).
 struct DecodeAdmit {
   std::string request_id;
   int32_t n_prompt_tokens = 0;  // tokens whose KV will arrive (prompt, plus earlier output on failover)
+  // Non-empty: prefill these n_prompt_tokens tokens here (local prefill) and sample the first token;
+  // no KV transfer comes. At most DecodeConfig::local_prefill_max_tokens of them.
+  std::vector<int32_t> prefill_tokens;
   int32_t max_tokens = 0;       // tokens still to produce, counting the first (sampled by prefill)
   SamplingParams sampling;
   bool ignore_eos = false;                          // keep going past stop ids
@@ -80,7 +91,8 @@ struct DecodeAdmit {
 };
 
 // One event of a request's stream. token_ids are new tokens (tokens 2..N: the first token reached
-// the frontend from the prefill worker and is never repeated here).
+// the frontend from the prefill worker and is never repeated here), except for a request
+// prefilled here: its first event starts with the first token (first_token_included).
 struct DecodeOutput {
   std::vector<int32_t> token_ids;
   bool done = false;
@@ -88,6 +100,9 @@ struct DecodeOutput {
   std::string finish_reason;        // on an ok final event: "stop" | "length"
   double decode_queue_seconds = 0;  // on the first event: KV complete → first decode step
   double kv_transfer_seconds = 0;   // on the first event: kv_begin → kv_end
+  bool first_token_included = false;  // local prefill: token_ids[0] is the first token
+  double queue_seconds = 0;           // local prefill, first event: admitted → its first chunk's step
+  double prefill_seconds = 0;         // local prefill, first event: that step's start → the prompt done
 };
 
 using DecodeSink = std::function<void(const DecodeOutput&)>;
@@ -97,7 +112,8 @@ struct DecodeLoad {
   int64_t total_blocks = 0;
   int32_t block_size = 0;
   int32_t n_running = 0;  // KV complete: generating (in the step, or waiting for one of max_batch slots)
-  int32_t n_waiting = 0;  // admitted, KV not yet complete
+  int32_t n_waiting = 0;  // admitted, KV not yet complete (or not yet prefilled here)
+  int32_t local_prefill_max_tokens = 0;  // DecodeConfig's: the longest prompt this worker prefills
 };
 
 class DecodeEngine final : public KvReceiver {
@@ -156,9 +172,20 @@ class DecodeEngine final : public KvReceiver {
   DecodeEngine(Model& model, std::vector<int32_t> stop_ids, const DecodeConfig& config, Metrics* metrics);
 
   void run();
-  // One forward over `batch` (one token each) and a sample per sequence into `*sampled`. Runs
-  // without the lock: touches only the sequences' engine-owned fields.
-  void step(const std::vector<SeqPtr>& batch, std::vector<int32_t>* sampled);
+  // A prompt chunk of a sequence prefilled here: its tokens [start, start + n).
+  struct PrefillSlice {
+    SeqPtr seq;
+    int32_t start = 0;
+    int32_t n = 0;
+  };
+  // One forward over `batch` (one token each) and the prompt chunks `prefills`; a sample per
+  // sequence of `batch`, then per prompt the chunk finishes, into `*sampled`. Runs without the
+  // lock: touches only the sequences' engine-owned fields.
+  void step(const std::vector<SeqPtr>& batch, const std::vector<PrefillSlice>& prefills, std::vector<int32_t>* sampled);
+  // Under mu_: the step's prompt chunks, first come first served, within the token budget.
+  std::vector<PrefillSlice> plan_prefills_locked() const;
+  // Under mu_, after a step: a prompt prefilled here, its first token `first` sampled.
+  void prefilled_locked(const SeqPtr& seq, int32_t first, DecodeClock::time_point step_end);
   // Under mu_: ends `seq` (frees or schedules freeing of its blocks, buffers the final event).
   void finish_locked(const SeqPtr& seq, const Status& status, const std::string& finish_reason);
   void free_blocks_locked(Sequence& seq);
@@ -181,7 +208,8 @@ class DecodeEngine final : public KvReceiver {
   BlockPool pool_;                      // guarded by mu_
   std::map<std::string, SeqPtr> seqs_;  // every live or undelivered request, by id (guarded)
   std::vector<SeqPtr> running_;         // KV complete, generating, in join order (guarded)
-  int n_waiting_ = 0;                   // sequences in kWaitingKv (guarded)
+  std::vector<SeqPtr> prefilling_;      // prefilled here, in admission order (guarded)
+  int n_waiting_ = 0;                   // sequences in kWaitingKv or kPrefilling (guarded)
   bool work_ = false;                   // something changed that the engine thread must look at (guarded)
   DecodeClock::time_point beat_ = DecodeClock::now();  // the loop's last turn (guarded)
   bool in_wait_ = false;                                // the loop waits for work (guarded)

@@ -25,6 +25,7 @@ DecodeAdmit from_proto(const v1::AdmitRequest& r) {
   a.sampling = sampling_from_proto(r.sampling());
   a.ignore_eos = r.ignore_eos();
   a.model_fingerprint = r.model_fingerprint();
+  a.prefill_tokens.assign(r.prefill_token_ids().begin(), r.prefill_token_ids().end());
   return a;
 }
 
@@ -42,6 +43,9 @@ v1::DecodeEvent to_proto(const DecodeOutput& o) {
   if (o.done && o.status.ok()) e.set_finish_reason(to_proto_finish(o.finish_reason));
   e.set_decode_queue_seconds(o.decode_queue_seconds);
   e.set_kv_transfer_seconds(o.kv_transfer_seconds);
+  e.set_first_token_included(o.first_token_included);
+  e.set_queue_seconds(o.queue_seconds);
+  e.set_prefill_seconds(o.prefill_seconds);
   return e;
 }
 
@@ -53,6 +57,7 @@ void to_proto(const DecodeLoad& l, const Model& model, bool draining, v1::LoadRe
   r->set_block_size(l.block_size);
   r->set_running(l.n_running);
   r->set_draining(draining);
+  r->set_local_prefill_max_tokens(l.local_prefill_max_tokens);
   model_info_to_proto(c.name, c, model.fingerprint(), "", r->mutable_model());
 }
 

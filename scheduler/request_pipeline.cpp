@@ -189,6 +189,11 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   call.ignore_eos = req_.ignore_eos;
   call.model_fingerprint = req_.model_fingerprint;
   call.kv_sender = placement.prefill_address;
+  if (placement.prefill_address.empty()) {  // local prefill: the decode worker prefills it itself
+    call.prefill_ids = req_.prompt_ids;
+    call.prefill_ids.insert(call.prefill_ids.end(), emitted_.begin(), emitted_.end());
+    if (attempt == 0) prefill_sent_ = deps_.clock->now();  // its queue time runs on from the Admit
+  }
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   deps_.client->admit(placement.decode_address, call, req_.call_deadline,
                       [weak, attempt, client = deps_.client, addr = placement.decode_address,
@@ -248,6 +253,7 @@ void RequestPipeline::open_worker_calls_locked() {
       [weak, attempt](const Status& s) {
         if (auto self = weak.lock()) self->on_decode_done(attempt, s);
       });
+  if (attempt_.placement.prefill_address.empty()) return;  // local prefill: the stream brings the first token
   PrefillCall call;
   call.request_id = attempt_.id;
   call.prompt_ids = req_.prompt_ids;
@@ -276,22 +282,26 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
     return;
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
+  first_token_locked(g, u.token_id, u.queue_seconds, u.prefill_seconds);
+  if (state_ == PipelineState::kEnded) return;
+  maybe_complete_locked(g);
+}
+
+void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds) {
   attempt_.first_token = true;
   g.after([s = deps_.scheduler, id = attempt_.id] { s->prefill_done(id); });
   state_ = PipelineState::kDecoding;
   if (!have_first_token_) {
     have_first_token_ = true;
     first_token_at_ = deps_.clock->now();
-    queue_s_ = std::chrono::duration<double>(prefill_sent_ - req_.arrival).count() + u.queue_seconds;
-    prefill_s_ = u.prefill_seconds;
+    queue_s_ = std::chrono::duration<double>(prefill_sent_ - req_.arrival).count() + queue_seconds;
+    prefill_s_ = prefill_seconds;
   }
-  const int32_t first = u.token_id;
-  emit_locked(g, std::span(&first, 1));
+  emit_locked(g, std::span(&token, 1));
   if (state_ == PipelineState::kEnded) return;
   std::vector<int32_t> early;
   early.swap(attempt_.early);
   emit_locked(g, early);
-  maybe_complete_locked(g);
 }
 
 void RequestPipeline::on_prefill_done(int32_t attempt, const Status& status) {
@@ -329,10 +339,17 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   // request; the decode worker's (first byte → last, which overlaps the prefill when the KV
   // streams) stands in only until that report arrives.
   if (u.kv_transfer_seconds > 0 && !kv_sent_reported_) kv_transfer_s_ = u.kv_transfer_seconds;
+  std::span<const int32_t> tokens(u.token_ids);
+  if (u.first_token_included && !attempt_.first_token && !tokens.empty()) {
+    // Prefilled by the decode worker itself: the stream's first token is the request's.
+    first_token_locked(g, tokens.front(), u.queue_seconds, u.prefill_seconds);
+    if (state_ == PipelineState::kEnded) return;
+    tokens = tokens.subspan(1);
+  }
   if (!attempt_.first_token) {
-    attempt_.early.insert(attempt_.early.end(), u.token_ids.begin(), u.token_ids.end());
+    attempt_.early.insert(attempt_.early.end(), tokens.begin(), tokens.end());
   } else {
-    emit_locked(g, u.token_ids);
+    emit_locked(g, tokens);
     if (state_ == PipelineState::kEnded) return;
   }
   if (u.done) {

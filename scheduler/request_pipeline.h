@@ -148,6 +148,8 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   // False when the attempt is no longer current (the caller releases what Admit reserved).
   bool on_admitted(int32_t attempt, const Status& status);
   void on_prefill_update(int32_t attempt, const PrefillUpdate& update);
+  // The attempt's first token (from its prefill worker, or a decode worker that prefilled it).
+  void first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds);
   void on_prefill_done(int32_t attempt, const Status& status);
   void on_decode_update(int32_t attempt, const DecodeUpdate& update);
   void on_decode_done(int32_t attempt, const Status& status);

@@ -40,6 +40,7 @@ Status SchedulerConfig::validate() const {
   }
   if (max_head_bypass.count() < 0) return invalid_argument("max_head_bypass must be >= 0");
   if (no_worker_timeout.count() <= 0) return invalid_argument("no_worker_timeout must be > 0");
+  if (local_prefill_max_tokens < 0) return invalid_argument("local_prefill_max_tokens must be >= 0");
   return {};
 }
 
@@ -59,12 +60,26 @@ Scheduler::Scheduler(SchedulerConfig config, WorkerRegistry& registry, const Clo
   BATON_CHECK(s.ok(), "SchedulerConfig: %s", s.to_string().c_str());
 }
 
+bool Scheduler::local_on(const PendingRequest& req, const WorkerSnapshot& d) const {
+  return req.n_prompt_tokens <= config_.local_prefill_max_tokens && req.n_prompt_tokens <= d.load.local_prefill_max_tokens;
+}
+
+bool Scheduler::needs_prefill_worker(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                                     bool or_unreported) const {
+  if (req.n_prompt_tokens > config_.local_prefill_max_tokens) return true;
+  for (const auto& d : decode) {
+    if ((d.can_place() && local_on(req, d)) || (or_unreported && !d.has_report)) return false;
+  }
+  return true;
+}
+
 Status Scheduler::check_servable(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
-                                 const std::vector<WorkerSnapshot>& prefill) {
+                                 const std::vector<WorkerSnapshot>& prefill) const {
   if (decode.empty()) {
     return unavailable("no decode worker addresses are known (check the decode worker flag or its DNS name)");
   }
-  if (prefill.empty()) {
+  // A decode worker that has not reported yet may turn out to prefill locally: wait for it.
+  if (prefill.empty() && needs_prefill_worker(req, decode, /*or_unreported=*/true)) {
     return unavailable("no prefill worker addresses are known (check the prefill worker flag or its DNS name)");
   }
   // Until some decode worker has reported, its size is unknown: the request waits.
@@ -217,7 +232,8 @@ void Scheduler::fail_unservable_locked(TimePoint now, Actions& actions) {
       failures.emplace_back(k.id, std::move(s));
       continue;
     }
-    const bool no_decode = !any_placeable(decode), no_prefill = !any_placeable(prefill);
+    const bool no_decode = !any_placeable(decode);
+    const bool no_prefill = !any_placeable(prefill) && needs_prefill_worker(req, decode, /*or_unreported=*/false);
     const auto waited = now - requests_.at(k.id).queued_at;
     if ((no_decode || no_prefill) && waited >= config_.no_worker_timeout) {
       failures.emplace_back(k.id, unavailable(std::string("no healthy ") + (no_decode ? "decode" : "prefill") +
@@ -245,20 +261,27 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
       return policy.pick(workers, q);
     };
     std::optional<std::string> d = pick(*decode_policy_, decode, e.req.avoid_decode);
-    std::optional<std::string> p = d.has_value() ? pick(*prefill_policy_, prefill, e.req.avoid_prefill) : std::nullopt;
-    bool placed = false;
-    if (d.has_value() && p.has_value()) {
-      const auto w =
+    const WorkerSnapshot* w = nullptr;
+    if (d.has_value()) {
+      const auto found =
           std::find_if(decode.begin(), decode.end(), [&](const WorkerSnapshot& s) { return s.address == *d; });
-      BATON_CHECK(w != decode.end(), "decode policy picked %s, which is not in the snapshot", d->c_str());
+      BATON_CHECK(found != decode.end(), "decode policy picked %s, which is not in the snapshot", d->c_str());
+      w = &*found;
+    }
+    // The decode worker prefills it itself where both this frontend and the worker allow it.
+    const bool local = w != nullptr && local_on(e.req, *w);
+    std::optional<std::string> p;
+    if (d.has_value() && !local) p = pick(*prefill_policy_, prefill, e.req.avoid_prefill);
+    bool placed = false;
+    if (d.has_value() && (local || p.has_value())) {
       const int64_t blocks = blocks_for(e.req.n_total_tokens, w->load.block_size);
       // Either may fail when an address update dropped the worker since the snapshot.
       if (registry_.reserve_decode(*d, e.req.id, blocks)) {
-        if (registry_.add_prefill_tokens(*p, e.req.id, e.req.n_prompt_tokens)) {
+        if (local || registry_.add_prefill_tokens(*p, e.req.id, e.req.n_prompt_tokens)) {
           placed = true;
           e.placed = true;
-          e.prefill_outstanding = true;
-          e.placement = Placement{e.req.id, *p, *d, blocks};
+          e.prefill_outstanding = !local;
+          e.placement = Placement{e.req.id, local ? std::string() : *p, *d, blocks};
           queued_prompt_tokens_ -= e.req.n_prompt_tokens;
           actions.push_back([fn = std::move(e.on_placed), placement = e.placement] { fn(placement); });
           e.on_placed = nullptr;

@@ -65,6 +65,11 @@ struct SchedulerConfig {
   // no prefill worker, is healthy (addresses known but none answering): a client without a
   // deadline must not hang through an outage. > 0.
   std::chrono::nanoseconds no_worker_timeout = std::chrono::seconds(5);
+  // Prompts of at most this many tokens are prefilled by their decode worker itself, when its
+  // load report says it takes prompts that long (local prefill: no prefill worker, no KV
+  // transfer); longer ones go to a prefill worker. 0: always a prefill worker. With every prompt
+  // local and no prefill workers, the deployment is a colocated server. >= 0.
+  int64_t local_prefill_max_tokens = 0;
 
   Status validate() const;
 };
@@ -83,7 +88,8 @@ struct PendingRequest {
   std::vector<std::string> avoid_decode, avoid_prefill;
 };
 
-// Where a request goes. The frontend Admits it on decode_address, then Prefills on prefill_address.
+// Where a request goes. The frontend Admits it on decode_address, then Prefills on prefill_address;
+// an empty prefill_address means the decode worker prefills it itself (local prefill).
 struct Placement {
   std::string request_id;
   std::string prefill_address;
@@ -157,8 +163,14 @@ class Scheduler {
 
   static QueueKey key_of(const Entry& e) { return {e.req.priority, e.req.arrival, e.seq, e.req.id}; }
   // Why `req` cannot be served by the current workers (UNAVAILABLE / INVALID_ARGUMENT), or OK.
-  static Status check_servable(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
-                               const std::vector<WorkerSnapshot>& prefill);
+  Status check_servable(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                        const std::vector<WorkerSnapshot>& prefill) const;
+  // Whether decode worker `d` may prefill `req` itself.
+  bool local_on(const PendingRequest& req, const WorkerSnapshot& d) const;
+  // Whether `req` needs a prefill worker: no decode worker of `decode` that may be placed (or, with
+  // `or_unreported`, that has not reported yet) prefills it itself.
+  bool needs_prefill_worker(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                            bool or_unreported) const;
   void fail_unservable_locked(TimePoint now, Actions& actions);
   void place_locked(TimePoint now, Actions& actions);
   // Removes a queued request and schedules on_failed(status).

@@ -33,6 +33,9 @@ struct AdmitCall {
   bool ignore_eos = false;
   std::string model_fingerprint;
   std::string kv_sender;  // the prefill worker's address: the only host the decode worker takes this KV from
+  // Non-empty: no prefill worker; the decode worker prefills these n_prompt_tokens tokens itself and
+  // its stream starts with the first token (DecodeUpdate::first_token_included).
+  std::vector<int32_t> prefill_ids;
 };
 
 struct PrefillCall {
@@ -58,6 +61,10 @@ struct DecodeUpdate {
   bool length = false;             // done by max_tokens (else by an end-of-sequence token)
   double decode_queue_seconds = 0; // first update: KV arrived → first decode step
   double kv_transfer_seconds = 0;  // first update
+  // Local prefill, first update: token_ids[0] is the first token, with the prefill's timing.
+  bool first_token_included = false;
+  double queue_seconds = 0;    // admitted on the decode worker → its prefill starts
+  double prefill_seconds = 0;
 };
 
 class WorkerCall {

@@ -54,6 +54,7 @@ struct WorkerLoad {
   int64_t queued_prompt_tokens = 0;  // prefill: prompt tokens waiting or in progress
   int32_t n_running = 0;             // decode: sequences generating; prefill: prompts in progress
   bool draining = false;             // shutting down: route no new work here
+  int32_t local_prefill_max_tokens = 0;  // decode: the longest prompt it prefills itself (0: none)
 };
 
 struct WorkerRegistryConfig {

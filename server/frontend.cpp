@@ -1,5 +1,7 @@
 #include "server/frontend.h"
 
+#include <algorithm>
+
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
@@ -36,6 +38,7 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->model_.tokenizer = fe->tokenizer_.get();
   fe->model_.name = std::filesystem::path(config.model_path).stem().string();
   fe->model_.max_priority = config.max_priority;
+  fe->local_prefill_max_tokens_ = config.scheduler.local_prefill_max_tokens;
   fe->model_.max_prompt_bytes = max_prompt_bytes(*fe->tokenizer_, fe->model_.config.n_ctx);
   if (!config.chat_template.empty()) {
     BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
@@ -126,8 +129,14 @@ void Frontend::on_poll() {
 }
 
 void Frontend::update_health_locked() {
-  const bool prefill = any_placeable(registry_->snapshot(WorkerRole::kPrefill));
-  const bool decode = any_placeable(registry_->snapshot(WorkerRole::kDecode));
+  const auto decode_workers = registry_->snapshot(WorkerRole::kDecode);
+  // A decode worker that prefills prompts itself serves without a prefill worker (colocated).
+  const bool local = local_prefill_max_tokens_ > 0 &&
+                     std::any_of(decode_workers.begin(), decode_workers.end(), [](const WorkerSnapshot& w) {
+                       return w.can_place() && w.load.local_prefill_max_tokens > 0;
+                     });
+  const bool prefill = local || any_placeable(registry_->snapshot(WorkerRole::kPrefill));
+  const bool decode = any_placeable(decode_workers);
   const bool serving = !draining_ && prefill && decode;
   if (serving_ == serving) return;
   if (serving_.has_value() || !serving) {

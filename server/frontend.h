@@ -65,6 +65,7 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   void update_health_locked();
 
   Metrics* metrics_;
+  int64_t local_prefill_max_tokens_ = 0;  // SchedulerConfig's: decode workers may prefill prompts
   std::unique_ptr<GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ServedModel model_;

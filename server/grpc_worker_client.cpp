@@ -17,6 +17,7 @@ v1::AdmitRequest to_proto(const AdmitCall& c) {
   r.set_ignore_eos(c.ignore_eos);
   r.set_model_fingerprint(c.model_fingerprint);
   r.set_kv_sender(c.kv_sender);
+  r.mutable_prefill_token_ids()->Add(c.prefill_ids.begin(), c.prefill_ids.end());
   return r;
 }
 
@@ -55,6 +56,9 @@ DecodeUpdate from_proto(const v1::DecodeEvent& e) {
   u.length = e.finish_reason() == v1::FINISH_REASON_LENGTH;
   u.decode_queue_seconds = e.decode_queue_seconds();
   u.kv_transfer_seconds = e.kv_transfer_seconds();
+  u.first_token_included = e.first_token_included();
+  u.queue_seconds = e.queue_seconds();
+  u.prefill_seconds = e.prefill_seconds();
   return u;
 }
 

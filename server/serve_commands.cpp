@@ -73,6 +73,11 @@ struct ServeArgs {
   int prefill_token_budget = 2048;
   // decode
   int max_batch = 32;
+  // frontend + decode: prompts up to this many tokens are prefilled by the decode worker itself (0: never)
+  int local_prefill_max_tokens = 0;
+  int local_prefill_token_budget = 512;  // decode: most prompt tokens one decode step prefills
+  // prefill
+  bool kv_stream = true;  // stream each layer's KV while the prompt is prefilled
   int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;
@@ -166,7 +171,7 @@ struct LoadedModel {
 // `decodes`: the model is a decode worker's (--weights auto keeps its weights quantised where that
 // is faster; a prefill worker's GEMMs are large and stay dense).
 // `cpus`: the cores the engine's step threads own (empty: any).
-Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, std::vector<int> cpus) {
+Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, std::vector<int> cpus) {
   LoadedModel m;
   BackendOptions bo;
   bo.device = a.device;
@@ -183,7 +188,7 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, std::vector<int
                                               load_progress_reporter(a.model, [](const std::string& line) {
                                                 spdlog::info("{}", line);
                                               }),
-                                              weights_plan(a.weights, *m.backend, decodes, /*prefills=*/!decodes)));
+                                              weights_plan(a.weights, *m.backend, decodes, prefills)));
   spdlog::info("weights: {} GEMM matrices quantised (native), {} dense ({})", m.model->n_native_matrices(),
                m.model->n_dense_matrices(), dtype_name(m.backend->compute_dtype()));
   return m;
@@ -364,7 +369,9 @@ struct DecodeRole {
 Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Security& sec, const std::string& listen,
                                                  const std::string& name, std::vector<int> cpus, Metrics* metrics) {
   auto r = std::make_unique<DecodeRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/true, std::move(cpus)));
+  // A decode worker that prefills prompts itself keeps dense weights for them too.
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/true, /*prefills=*/a.local_prefill_max_tokens > 0,
+                                          std::move(cpus)));
   DecodeConfig dc;
   dc.max_batch = a.max_batch;
   dc.block_size = a.block_size;
@@ -373,6 +380,8 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   // Default: room for 8 full-context sequences.
   dc.n_blocks = a.kv_blocks > 0 ? a.kv_blocks : static_cast<int>(8 * ((ctx + a.block_size - 1) / a.block_size));
   dc.name = name;
+  dc.local_prefill_max_tokens = a.local_prefill_max_tokens;
+  dc.local_prefill_token_budget = a.local_prefill_token_budget;
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
   r->engine->start();
   r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model, std::chrono::seconds(a.max_request_seconds));
@@ -401,13 +410,14 @@ struct PrefillRole {
 Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Security& sec, const std::string& listen,
                                                    const std::string& name, std::vector<int> cpus, Metrics* metrics) {
   auto r = std::make_unique<PrefillRole>();
-  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/false, std::move(cpus)));
+  BATON_ASSIGN_OR_RETURN(r->m, load_model(a, /*decodes=*/false, /*prefills=*/true, std::move(cpus)));
   PrefillConfig pc;
   pc.token_budget = a.prefill_token_budget;
   pc.block_size = a.block_size;
   pc.kv_dtype = r->m.kv_dtype;
   pc.n_blocks = a.kv_blocks;
   pc.name = name;
+  pc.stream_kv = a.kv_stream;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
@@ -458,6 +468,8 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
       std::chrono::duration<double>(a.no_worker_timeout));
   fc.pipeline.max_failovers = a.max_failovers;
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
+  fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
+  fc.workers.prefill_optional = a.local_prefill_max_tokens > 0;
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
@@ -608,7 +620,8 @@ struct LocalCores {
 
 Result<LocalCores> local_cores(const ServeArgs& a) {
   const std::vector<int> allowed = allowed_cpus();
-  const CpuSplit split = split_cpus(allowed, allowed.size() / 2);
+  // Colocated (no prefill workers): the decode engines get every core.
+  const CpuSplit split = a.n_prefill_workers == 0 ? CpuSplit{allowed, allowed} : split_cpus(allowed, allowed.size() / 2);
   auto pick = [&](const std::string& flag, const std::string& value,
                   const std::vector<int>& automatic) -> Result<std::vector<int>> {
     if (value.empty()) return automatic;
@@ -620,7 +633,7 @@ Result<LocalCores> local_cores(const ServeArgs& a) {
   BATON_ASSIGN_OR_RETURN(c.prefill_all, pick("--prefill-cpus", a.prefill_cpus, split.second));
   auto per_engine = [](const std::vector<int>& cpus, int n) {
     std::vector<std::vector<int>> out(static_cast<size_t>(n), cpus);
-    if (static_cast<int>(cpus.size()) < n || n == 1) return out;
+    if (static_cast<int>(cpus.size()) < n || n <= 1) return out;
     const size_t each = cpus.size() / static_cast<size_t>(n);
     for (int i = 0; i < n; ++i) {
       const auto begin = cpus.begin() + static_cast<std::ptrdiff_t>(i * each);
@@ -635,6 +648,10 @@ Result<LocalCores> local_cores(const ServeArgs& a) {
 
 int run_local(const ServeArgs& a) {
   block_signals();
+  if (a.n_prefill_workers == 0 && a.local_prefill_max_tokens == 0) {
+    return fail(invalid_argument("baton local --prefill-workers 0 leaves no one to prefill: give "
+                                 "--local-prefill-max-tokens N so the decode workers prefill prompts themselves"));
+  }
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
   auto cores = local_cores(a);
   if (!cores.ok()) return fail(cores.status());
@@ -770,6 +787,18 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--max-batch", a.max_batch, "Decode: most sequences per step")
       ->check(CLI::Range(1, 4096))
       ->envname("BATON_MAX_BATCH");
+  c->add_option("--local-prefill-max-tokens", a.local_prefill_max_tokens,
+                "Frontend and decode: prompts of up to N tokens are prefilled by the decode worker itself, "
+                "without a prefill worker or KV transfer (0: never; a large N with no prefill workers: colocated)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->envname("BATON_LOCAL_PREFILL_MAX_TOKENS");
+  c->add_option("--local-prefill-token-budget", a.local_prefill_token_budget,
+                "Decode: most prompt tokens one decode step prefills (chunked prefill)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->envname("BATON_LOCAL_PREFILL_TOKEN_BUDGET");
+  c->add_option("--kv-stream", a.kv_stream,
+                "Prefill: send each layer's KV while the prompt is prefilled (true), or after the first token (false)")
+      ->envname("BATON_KV_STREAM");
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");
@@ -834,7 +863,9 @@ void add_serve_commands(CLI::App& app, std::function<int()>* run, int argc, char
   local->listen = "127.0.0.1:50051";
   CLI::App* l = app.add_subcommand("local", "All roles in one process over loopback gRPC (one /metrics)");
   add_common_flags(l, *local);
-  l->add_option("--prefill-workers", local->n_prefill_workers, "Prefill workers")->check(CLI::Range(1, 64));
+  l->add_option("--prefill-workers", local->n_prefill_workers,
+                "Prefill workers (0: every prompt is prefilled by a decode worker: needs --local-prefill-max-tokens)")
+      ->check(CLI::Range(0, 64));
   l->add_option("--decode-workers", local->n_decode_workers, "Decode workers")->check(CLI::Range(1, 64));
   l->add_option("--decode-cpus", local->decode_cpus,
                 "CPUs of the decode engines, e.g. 0-1, or all (default: the first half of the allowed CPUs)")

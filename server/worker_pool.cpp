@@ -13,8 +13,10 @@
 namespace baton {
 
 Status WorkerPoolConfig::validate() const {
-  if (prefill_addresses.empty() && prefill_dns.empty()) {
-    return invalid_argument("no prefill workers: give --prefill-addresses or --prefill-dns");
+  if (prefill_addresses.empty() && prefill_dns.empty() && !prefill_optional) {
+    return invalid_argument(
+        "no prefill workers: give --prefill-addresses or --prefill-dns (or --local-prefill-max-tokens, for decode "
+        "workers that prefill prompts themselves)");
   }
   if (decode_addresses.empty() && decode_dns.empty()) {
     return invalid_argument("no decode workers: give --decode-addresses or --decode-dns");
@@ -156,6 +158,7 @@ void WorkerPool::poll_role(WorkerRole role) {
     load.queued_prompt_tokens = rep.queued_prompt_tokens();
     load.n_running = rep.running();
     load.draining = rep.draining();
+    load.local_prefill_max_tokens = rep.local_prefill_max_tokens();
     if (Status st = registry_.report_load(role, address, load, sent); !st.ok()) {
       spdlog::warn("load report of {} worker {} not applied: {}", worker_role_name(role), address, st.message());
     }

@@ -32,6 +32,7 @@ struct WorkerPoolConfig {
   std::chrono::milliseconds dns_refresh_interval{5000};  // DNS re-resolution period
   std::string model_fingerprint;               // workers serving another model are refused
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // the internal plane's (common/tls.h); null = plaintext
+  bool prefill_optional = false;  // decode workers may prefill every prompt themselves (colocated)
 
   Status validate() const;
 };

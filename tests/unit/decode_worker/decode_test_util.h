@@ -30,7 +30,9 @@ using LoadedModel = testing::LoadedTestModel;
 // The engine gets its own model: Model::forward is not reentrant, and the test prefills and runs
 // the reference Generator on `ref` while the engine thread decodes.
 struct Fixture {
-  explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr, bool start = true) {
+  // local_prefill_max_tokens / local_prefill_token_budget: DecodeConfig's (0: no local prefill).
+  explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr, bool start = true,
+                   int local_prefill_max_tokens = 0, int local_prefill_token_budget = 512) {
     auto tok = Tokenizer::from_gguf(*ref.file);
     REQUIRE(tok.ok());
     stop_ids = (*tok)->stop_ids();
@@ -40,6 +42,8 @@ struct Fixture {
     cfg.block_size = 8;
     cfg.max_batch = max_batch;
     cfg.name = "test-decode";
+    cfg.local_prefill_max_tokens = local_prefill_max_tokens;
+    cfg.local_prefill_token_budget = local_prefill_token_budget;
     auto e = DecodeEngine::create(*dec.model, stop_ids, cfg, metrics);
     REQUIRE(e.ok());
     engine = std::move(*e);
@@ -140,6 +144,10 @@ struct Collector {
       if (n_events == 0) {
         first_kv_transfer_seconds = o.kv_transfer_seconds;
         first_decode_queue_seconds = o.decode_queue_seconds;
+        first_token_included = o.first_token_included;
+        first_prefill_seconds = o.prefill_seconds;
+      } else if (o.first_token_included) {
+        first_token_included_later = true;
       }
       ++n_events;
       if (o.done) {
@@ -169,6 +177,9 @@ struct Collector {
   std::string finish_reason;
   double first_kv_transfer_seconds = -1;
   double first_decode_queue_seconds = -1;
+  bool first_token_included = false;        // on the first event
+  bool first_token_included_later = false;  // on any other (a bug)
+  double first_prefill_seconds = -1;
 };
 
 inline DecodeAdmit admit_for(const Fixture& fx, const std::string& id, int n_prompt, int max_tokens,

@@ -62,7 +62,8 @@ class FakeWorkers final : public WorkerClient {
   struct Seq {
     int32_t max_tokens = 0;  // counting the first
     bool ignore_eos = false;
-    bool kv = false;                // the KV arrived
+    bool kv = false;                // the KV arrived (or, local, the prompt is here to prefill)
+    bool local = false;             // prefilled here: the stream's first update brings the first token
     std::vector<int32_t> tokens;    // prompt + generated so far (incl. the first token)
     int32_t n_generated = 0;
     bool attached = false;
@@ -146,6 +147,12 @@ class FakeWorkers final : public WorkerClient {
         Seq s;
         s.max_tokens = c.admit.max_tokens;
         s.ignore_eos = c.admit.ignore_eos;
+        if (!c.admit.prefill_ids.empty()) {  // local prefill: nothing else will come
+          REQUIRE(static_cast<int32_t>(c.admit.prefill_ids.size()) == c.admit.n_prompt_tokens);
+          s.local = true;
+          s.kv = true;
+          s.tokens = c.admit.prefill_ids;
+        }
         REQUIRE(decode[c.address].count(c.request_id) == 0);
         decode[c.address][c.request_id] = s;
         finish(Status());
@@ -190,6 +197,13 @@ class FakeWorkers final : public WorkerClient {
         }
         Seq& s = it->second;
         DecodeUpdate u;
+        if (s.local && s.n_generated == 0) {  // the first token, prefilled here
+          const int32_t t = next_token(s.tokens);
+          s.tokens.push_back(t);
+          s.n_generated = 1;
+          u.token_ids.push_back(t);
+          u.first_token_included = true;
+        }
         const bool stopped_at_first = !s.ignore_eos && s.tokens.back() == kEos;
         for (int i = 0; i < 2 && !stopped_at_first && s.n_generated < s.max_tokens; ++i) {
           const int32_t t = next_token(s.tokens);
@@ -271,7 +285,10 @@ struct World {
   PipelineDeps deps;
   std::vector<std::string> prefill_addrs, decode_addrs;
 
-  World(int n_prefill, int n_decode, int32_t max_failovers = 2, SchedulerConfig sc = {}) : h(sc) {
+  // local_prefill: decode workers prefill prompts of up to this many tokens themselves (and the
+  // scheduler sends them there).
+  World(int n_prefill, int n_decode, int32_t max_failovers = 2, SchedulerConfig sc = {}, int32_t local_prefill = 0)
+      : h(with_local(sc, local_prefill)), local_prefill_(local_prefill) {
     for (int i = 0; i < n_prefill; ++i) prefill_addrs.push_back("p:" + std::to_string(i));
     for (int i = 0; i < n_decode; ++i) decode_addrs.push_back("d:" + std::to_string(i));
     deps.scheduler = &h.sched;
@@ -297,7 +314,7 @@ struct World {
         h.registry.report_failure(kDecode, a);
       } else {
         const auto held = static_cast<int64_t>(workers.decode[a].size());
-        h.decode_worker(a, 1000 - 4 * held, 1000);
+        h.decode_worker(a, 1000 - 4 * held, 1000, false, local_prefill_);
       }
     }
     h.sched.poll();
@@ -330,6 +347,12 @@ struct World {
     }
     FAIL("the fake workers did not settle");
   }
+
+  static SchedulerConfig with_local(SchedulerConfig sc, int32_t local_prefill) {
+    sc.local_prefill_max_tokens = local_prefill;
+    return sc;
+  }
+  int32_t local_prefill_ = 0;
 
   // Nothing left anywhere.
   void check_clean() {
@@ -549,8 +572,11 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
   const uint32_t seed = test_seed("pipeline random faults");
   std::mt19937 rng(seed);
   for (int round = 0; round < 20; ++round) {
-    INFO("round " << round << " (seed " << seed << ")");
-    World w(2 + static_cast<int>(rng() % 2), 2 + static_cast<int>(rng() % 2), /*max_failovers=*/3);
+    // Odd rounds: prompts of up to 6 tokens (and re-prefills that short) are prefilled by the
+    // decode workers themselves, the rest go through prefill workers.
+    const int32_t local = round % 2 == 1 ? 6 : 0;
+    INFO("round " << round << " (seed " << seed << "), local prefill up to " << local);
+    World w(2 + static_cast<int>(rng() % 2), 2 + static_cast<int>(rng() % 2), /*max_failovers=*/3, {}, local);
     struct Req {
       std::shared_ptr<RecordingSink> sink;
       std::shared_ptr<RequestPipeline> p;
@@ -617,4 +643,42 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
     CHECK(n_ok > 0);
     w.check_clean();
   }
+}
+
+TEST_CASE("pipeline: local prefill on the decode worker, colocated: no prefill worker, failover included",
+          "[pipeline][local]") {
+  std::mt19937 rng(test_seed("pipeline local prefill"));
+  World w(/*n_prefill=*/0, /*n_decode=*/2, /*max_failovers=*/2, {}, /*local_prefill=*/1 << 20);
+  for (int i = 0; i < 10; ++i) {
+    auto sink = std::make_shared<RecordingSink>();
+    const auto prompt = prompt_without_eos(rng, 12);
+    auto p = w.start(sink, prompt, 12);
+    // Halfway through its answer (or not at all), its decode worker dies: the request is prefilled
+    // again, prompt + streamed tokens, on the other one.
+    const bool kill = i % 2 == 1;
+    bool killed = false;
+    for (int step = 0; step < 10000 && sink->n_end == 0; ++step) {
+      if (step % 7 == 0) w.poll();
+      if (kill && !killed && sink->tokens.size() >= 5) {
+        w.workers.kill(w.workers.decode["d:0"].count(p->attempt_id()) ? "d:0" : "d:1");  // the one holding it
+        killed = true;
+      }
+      const auto ready = w.workers.ready();
+      if (ready.empty()) {
+        w.h.clock.advance(std::chrono::milliseconds(50));
+        continue;
+      }
+      w.workers.step(ready[rng() % ready.size()]);
+    }
+    w.workers.dead.clear();
+    w.run(&rng);
+    INFO("request " << i << (kill ? " (decode worker killed)" : ""));
+    REQUIRE(sink->n_end == 1);
+    CHECK(sink->status.ok());
+    CHECK(sink->tokens == reference(prompt, 12, false));
+    CHECK(sink->outcome.prefill_address.empty());
+    CHECK(sink->outcome.failovers == (kill ? 1 : 0));
+    for (const auto& [id, c] : w.workers.calls) CHECK(c->kind != FakeWorkers::Call::Kind::kPrefill);
+  }
+  w.check_clean();
 }

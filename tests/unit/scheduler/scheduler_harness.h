@@ -38,7 +38,7 @@ struct Harness {
 
   // Registers (if new) and reports a decode worker with `free_blocks` of `total_blocks` free.
   void decode_worker(const std::string& address, int64_t free_blocks, int64_t total_blocks = 100,
-                     bool draining = false) {
+                     bool draining = false, int32_t local_prefill_max_tokens = 0) {
     if (std::find(decode_addresses.begin(), decode_addresses.end(), address) == decode_addresses.end()) {
       decode_addresses.push_back(address);
       registry.set_addresses(kDecode, decode_addresses);
@@ -48,6 +48,7 @@ struct Harness {
     l.total_blocks = total_blocks;
     l.block_size = kBlockSize;
     l.draining = draining;
+    l.local_prefill_max_tokens = local_prefill_max_tokens;
     REQUIRE(registry.report_load(kDecode, address, l, clock.now()).ok());
   }
   void prefill_worker(const std::string& address, int64_t queued_prompt_tokens = 0, bool draining = false) {

@@ -506,3 +506,64 @@ TEST_CASE("scheduler config validation names the bad field", "[scheduler]") {
 // A model of the workers (what each really holds) and of every request, driven by random
 // operations; after each one the scheduler's books must agree with the model, no decode worker may
 // hold more than it has, and the local estimate of free blocks may never exceed the truth.
+
+TEST_CASE("local prefill: short prompts go to decode workers that prefill them, the rest to prefill workers",
+          "[scheduler][local]") {
+  SchedulerConfig cfg;
+  cfg.local_prefill_max_tokens = 100;
+  Harness h(cfg);
+  // No prefill worker yet: a decode worker that has not reported may still turn out to prefill.
+  h.registry.set_addresses(kDecode, {"d:1"});
+  REQUIRE(h.submit("early", 50, 10).ok());
+  CHECK_FALSE(h.is_placed("early"));
+  h.decode_worker("d:1", 50, 100, false, /*local_prefill_max_tokens=*/80);
+  h.sched.poll();
+  REQUIRE(h.is_placed("early"));
+  CHECK(h.placed["early"].prefill_address.empty());  // local
+  CHECK(h.placed["early"].decode_address == "d:1");
+
+  // Longer than the worker's limit (80) or the frontend's (100): a prefill worker is needed, and
+  // there is none to be had.
+  CHECK(h.submit("over-worker", 90, 10).code() == StatusCode::kUnavailable);
+  CHECK(h.submit("over-frontend", 120, 10).code() == StatusCode::kUnavailable);
+  h.prefill_worker("p:1");
+  REQUIRE(h.submit("mid", 90, 10).ok());
+  REQUIRE(h.is_placed("mid"));
+  CHECK(h.placed["mid"].prefill_address == "p:1");
+  REQUIRE(h.submit("short", 80, 10).ok());
+  REQUIRE(h.is_placed("short"));
+  CHECK(h.placed["short"].prefill_address.empty());
+  // A local request holds no prefill tokens; finishing it frees its decode blocks only.
+  const auto p = h.registry.snapshot(kPrefill).at(0);
+  CHECK(p.outstanding_prompt_tokens() == 90);
+  h.sched.prefill_done("short");  // ignored: nothing outstanding
+  h.sched.finished("short");
+  h.sched.finished("early");
+  CHECK(h.registry.snapshot(kPrefill).at(0).outstanding_prompt_tokens() == 90);
+
+  // The frontend's limit 0: never local, whatever the worker allows.
+  Harness plain;
+  plain.decode_worker("d:1", 50, 100, false, 80);
+  plain.prefill_worker("p:1");
+  REQUIRE(plain.submit("r", 10, 4).ok());
+  REQUIRE(plain.is_placed("r"));
+  CHECK(plain.placed["r"].prefill_address == "p:1");
+}
+
+TEST_CASE("local prefill: with every prompt local, no prefill worker is needed and none is waited for",
+          "[scheduler][local]") {
+  SchedulerConfig cfg;
+  cfg.local_prefill_max_tokens = 1 << 20;
+  cfg.no_worker_timeout = std::chrono::seconds(1);
+  Harness h(cfg);
+  h.decode_worker("d:1", 40, 100, false, 1 << 20);
+  REQUIRE(h.submit("a", 500, 40).ok());
+  CHECK(h.is_placed("a"));
+  REQUIRE(h.submit("b", 500, 40).ok());  // waits for blocks, not for a prefill worker
+  h.clock.advance(std::chrono::seconds(5));
+  h.sched.poll();
+  CHECK_FALSE(h.failed.count("b"));
+  h.sched.finished("a");
+  CHECK(h.is_placed("b"));
+  CHECK(h.placed["b"].prefill_address.empty());
+}
