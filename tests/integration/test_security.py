@@ -12,17 +12,22 @@ processes with real certificates made here by `openssl`:
 - kubelet's probes get a plaintext port that serves grpc.health.v1 and nothing else;
 - Stream and Release of a decode reservation are honoured only from the peer that admitted it,
   and its KV only from the prefill worker the Admit named;
+- a failed request's status names it by the client's id and the workers by role: the
+  worker-facing id and the workers' addresses stay in the frontend's log;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
 
 import os
+import re
 import subprocess
 import time
 
 import grpc
 import pytest
 
-from serving_harness import SERVING, free_port, health_check
+from serving_harness import SERVING, Stream, free_port, health_check, make_test_model
 from test_serving import reference_ids
+
+ATTEMPT_ID = re.compile(r"\b[0-9a-f]{32}\b")  # a worker-facing request id (random_request_id)
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]
 KEY = "key-" + os.urandom(16).hex()
@@ -104,6 +109,13 @@ def secure_deployment(pki, test_model, server_factory):
                            pki.public[1], "--tls-client-ca", pki.public_ca[0], "--api-key-file", pki.keys,
                            subcommand=("serve", "--role", "frontend"))
     return front, prefill, decode
+
+
+@pytest.fixture(scope="module")
+def slow_model(baton_bin, tmp_path_factory):
+    """A random model large enough that a stream lasts a while on one thread (4 layers, width 512)."""
+    return make_test_model(baton_bin, tmp_path_factory.mktemp("slow") / "model.gguf", seed=13, layers=4, dim=512,
+                           heads=8, kv_heads=4, ffn=1536, ctx=1024)
 
 
 def test_tls_on_both_planes_streams_the_same_greedy_text(pb, pki, baton_bin, test_model, secure_deployment):
@@ -414,3 +426,53 @@ def test_invalid_utf8_names_the_field(pb, shared_server):
     e = call(req, b"@@CONTENT@@")
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "field 'messages[1].content' is not valid UTF-8" in e.details()
+
+
+def test_a_failed_request_shows_no_worker_id_or_address(pb, test_model, slow_model, server_factory):
+    """What the client reads of a failure names the request by its own id and the workers by role;
+    the worker-facing id and the addresses are in the frontend's log. Two failures, each with
+    --max-failovers 0:
+    - a KV hand-off the decode worker refuses (the prefill worker listens on 127.0.0.2, so its KV
+      comes from another host than the Admit named): the workers' messages name the attempt id, the
+      decode worker's address and the sender's IP;
+    - a decode worker killed mid-stream: gRPC's message names the address it could not reach."""
+    decode = server_factory(test_model, subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, subcommand=("serve", "--role", "prefill"), listen="127.0.0.2:0")
+    prefill_address = f"127.0.0.2:{prefill.port}"
+    front = server_factory(test_model, "--prefill-addresses", prefill_address, "--decode-addresses", decode.address,
+                           "--max-failovers", "0", subcommand=("serve", "--role", "frontend"))
+    mark = front.log_mark()
+    with grpc.insecure_channel(front.address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(pb.gen_grpc.GenerationStub(ch).Generate(
+            pb.gen.GenerateRequest(request_id="victim-1", prompt_token_ids=PROMPT, max_tokens=8), timeout=60))
+    details = e.value.details()
+    assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED), details
+    assert "victim-1" in details and "decode worker" in details, details
+    assert not ATTEMPT_ID.search(details), details
+    for address in (decode.address, prefill_address, "127.0.0."):
+        assert address not in details, details
+    logged = front.wait_for_log(re.escape(decode.address) + ".*not from the prefill worker", mark)
+    assert ATTEMPT_ID.search(logged) and prefill_address in logged, logged
+
+    # A decode worker killed while it streams.
+    decode = server_factory(slow_model, "--threads", "1", subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(slow_model, "--threads", "1", subcommand=("serve", "--role", "prefill"))
+    front = server_factory(slow_model, "--prefill-addresses", prefill.address, "--decode-addresses", decode.address,
+                           "--max-failovers", "0", subcommand=("serve", "--role", "frontend"))
+    mark = front.log_mark()
+    stream = Stream(pb, front.address, PROMPT, 900)
+    deadline = time.monotonic() + 60
+    while len(stream.ids) < 5:
+        assert time.monotonic() < deadline and stream.error is None and stream.final is None
+        time.sleep(0.005)
+    decode.proc.kill()
+    stream.join()
+    assert stream.error is not None and stream.error.code() == grpc.StatusCode.UNAVAILABLE, stream.error
+    details = stream.error.details()
+    assert "decode worker" in details, details
+    assert not ATTEMPT_ID.search(details), details
+    for address in (decode.address, f":{decode.port}", prefill.address, "127.0.0."):
+        assert address not in details, details
+    print("the client reads:", details)
+    logged = front.wait_for_log(r"failed \(decode\)", mark)
+    assert ATTEMPT_ID.search(logged) and decode.address in logged, logged
