@@ -11,7 +11,9 @@ processes with real certificates made here by `openssl`:
   and bad certificate files stop it with the flag named;
 - kubelet's probes get a plaintext port that serves grpc.health.v1 and nothing else;
 - Stream and Release of a decode reservation are honoured only from the peer that admitted it,
-  and its KV only from the prefill worker the Admit named;
+  and its KV only from the prefill worker the Admit named; a member of another identity that
+  learned a streaming victim's worker-facing id and calls Release and Stream for it disturbs
+  nothing;
 - a failed request's status names it by the client's id and the workers by role: the
   worker-facing id and the workers' addresses stay in the frontend's log;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
@@ -19,12 +21,13 @@ processes with real certificates made here by `openssl`:
 import os
 import re
 import subprocess
+import threading
 import time
 
 import grpc
 import pytest
 
-from serving_harness import SERVING, Stream, free_port, health_check, make_test_model
+from serving_harness import SERVING, Stream, free_port, health_check, make_test_model, wait_blocks_free
 from test_serving import reference_ids
 
 ATTEMPT_ID = re.compile(r"\b[0-9a-f]{32}\b")  # a worker-facing request id (random_request_id)
@@ -98,17 +101,22 @@ def tls_generate(pb, address, channel_creds, metadata=(("authorization", f"Beare
     return [t for m in msgs for t in m.token_ids]
 
 
-@pytest.fixture
-def secure_deployment(pki, test_model, server_factory):
-    decode = server_factory(test_model, *internal_flags(pki, "decode"), "--dtype", "f32",
+def start_secure(pki, model, server_factory, worker_flags=(), decode_flags=()):
+    """A frontend, a prefill and a decode worker: mutual TLS inside, TLS + client CA + API keys outside."""
+    decode = server_factory(model, *internal_flags(pki, "decode"), "--dtype", "f32", *worker_flags, *decode_flags,
                             subcommand=("serve", "--role", "decode"))
-    prefill = server_factory(test_model, *internal_flags(pki, "prefill"), "--dtype", "f32",
+    prefill = server_factory(model, *internal_flags(pki, "prefill"), "--dtype", "f32", *worker_flags,
                              subcommand=("serve", "--role", "prefill"))
-    front = server_factory(test_model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
+    front = server_factory(model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
                            "--decode-addresses", decode.address, "--tls-cert", pki.public[0], "--tls-key",
                            pki.public[1], "--tls-client-ca", pki.public_ca[0], "--api-key-file", pki.keys,
                            subcommand=("serve", "--role", "frontend"))
     return front, prefill, decode
+
+
+@pytest.fixture
+def secure_deployment(pki, test_model, server_factory):
+    return start_secure(pki, test_model, server_factory)
 
 
 @pytest.fixture(scope="module")
@@ -426,6 +434,65 @@ def test_invalid_utf8_names_the_field(pb, shared_server):
     e = call(req, b"@@CONTENT@@")
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "field 'messages[1].content' is not valid UTF-8" in e.details()
+
+
+def test_a_release_attack_does_not_disturb_the_victim(pb, pki, baton_bin, slow_model, server_factory):
+    """A deployment member of another identity (a valid internal certificate that is not the
+    frontend's) that learned a victim's worker-facing id (here from the decode worker's log) calls
+    Release and Stream for it again and again while the victim streams: PERMISSION_DENIED every
+    time. Random ids get NOT_FOUND from Stream and OK from Release (an unknown id is ignored). The
+    victim streams exactly the undisturbed tokens."""
+    n = 48
+    want = reference_ids(baton_bin, slow_model, PROMPT, n)
+    front, _, decode = start_secure(pki, slow_model, server_factory, worker_flags=("--threads", "1"),
+                                    decode_flags=("--log-level", "info"))
+    mark = decode.log_mark()
+    result = {}
+
+    def victim():
+        try:
+            result["ids"] = tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT,
+                                         max_tokens=n, ignore_eos=True)
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=victim, daemon=True)
+    thread.start()
+    rid = re.search(r"decode req=([0-9a-f]{32}) admitted", decode.wait_for_log(r"decode req=\S+ admitted", mark,
+                                                                                timeout=60)).group(1)
+    w = pb.worker
+    denied = 0
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.insider_b)) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+
+        def code(fn):
+            try:
+                r = fn()
+                if not hasattr(r, "ListFields"):
+                    list(r)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+        while True:
+            got = (code(lambda: stub.Release(w.ReleaseRequest(request_id=rid), timeout=5)),
+                   code(lambda: stub.Stream(w.StreamRequest(request_id=rid), timeout=5)))
+            other = os.urandom(16).hex()
+            assert code(lambda: stub.Release(w.ReleaseRequest(request_id=other), timeout=5)) == grpc.StatusCode.OK
+            assert code(lambda: stub.Stream(w.StreamRequest(request_id=other), timeout=5)) == \
+                grpc.StatusCode.NOT_FOUND
+            if got != (grpc.StatusCode.PERMISSION_DENIED,) * 2:
+                # Only once the victim's request is over on the decode worker is its id unknown there.
+                decode.wait_for_log(rf"decode req={rid} finished", mark, timeout=5)
+                assert got[1] == grpc.StatusCode.NOT_FOUND, got
+                break
+            denied += 1
+    thread.join(timeout=120)
+    assert "error" not in result, result["error"].details()
+    assert result["ids"] == want
+    assert denied >= 3, f"only {denied} attacks while the victim streamed: make it longer"
+    print(f"{denied} rounds of Release + Stream for the victim's id were refused while it streamed")
+    assert wait_blocks_free(decode)
 
 
 def test_a_failed_request_shows_no_worker_id_or_address(pb, test_model, slow_model, server_factory):
