@@ -86,6 +86,11 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     spec.prompt_ids = std::move(*ids);
     if (m.tokenizer->add_bos()) spec.prompt_ids.insert(spec.prompt_ids.begin(), m.tokenizer->bos_id());
   } else if (r.prompt_token_ids_size() > 0) {
+    if (r.prompt_token_ids_size() >= m.config.n_ctx) {  // counted before any is copied
+      return invalid_argument("prompt_token_ids holds " + std::to_string(r.prompt_token_ids_size()) +
+                              " ids: the context of " + std::to_string(m.config.n_ctx) +
+                              " tokens has no room left for max_tokens; shorten it");
+    }
     for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
       const int32_t id = r.prompt_token_ids(i);
       if (id < 0 || id >= m.config.n_vocab) {
