@@ -16,6 +16,7 @@ processes with real certificates made here by `openssl`:
   nothing;
 - a failed request's status names it by the client's id and the workers by role: the
   worker-facing id and the workers' addresses stay in the frontend's log;
+- an internal message over 64 MiB is refused (RESOURCE_EXHAUSTED) and the worker goes on;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
 
 import os
@@ -543,3 +544,27 @@ def test_a_failed_request_shows_no_worker_id_or_address(pb, test_model, slow_mod
     print("the client reads:", details)
     logged = front.wait_for_log(r"failed \(decode\)", mark)
     assert ATTEMPT_ID.search(logged) and decode.address in logged, logged
+
+
+def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, pki, baton_bin, test_model,
+                                                                           secure_deployment):
+    front, _, decode = secure_deployment
+    w = pb.worker
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["prefill"])) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+        fingerprint = stub.GetLoad(w.LoadRequest(), timeout=5).model_fingerprint
+        rid = os.urandom(16).hex()
+        stub.Admit(w.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender="127.0.0.1:1",
+                                  model_fingerprint=fingerprint), timeout=10)
+        header = w.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2, n_kv_heads=2,
+                            head_dim=16, n_tokens=8, first_token=1, token_ids=PROMPT)
+        chunk = w.KvLayerChunk(layer=0, token_start=0, token_count=8, k=bytes(65 << 20), v=b"")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.TransferKv(iter([w.KvMessage(header=header), w.KvMessage(chunk=chunk)]), timeout=60)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        stub.Release(w.ReleaseRequest(request_id=rid), timeout=5)
+    assert decode.proc.poll() is None
+    want = reference_ids(baton_bin, test_model, PROMPT, 8)
+    assert tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT, max_tokens=8,
+                        ignore_eos=True) == want
+    assert wait_blocks_free(decode)
