@@ -17,6 +17,7 @@ processes with real certificates made here by `openssl`:
 - a failed request's status names it by the client's id and the workers by role: the
   worker-facing id and the workers' addresses stay in the frontend's log;
 - an internal message over 64 MiB is refused (RESOURCE_EXHAUSTED) and the worker goes on;
+- a rotated internal certificate or CA bundle applies to new connections without a restart;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
 
 import os
@@ -568,3 +569,55 @@ def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, p
     assert tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT, max_tokens=8,
                         ignore_eos=True) == want
     assert wait_blocks_free(decode)
+
+
+def replace_file(src, dst):
+    """Swaps `dst` for a copy of `src` by rename, as a Secret volume update does."""
+    tmp = dst.with_suffix(dst.suffix + ".new")
+    tmp.write_bytes(src.read_bytes())
+    os.replace(tmp, dst)
+
+
+def test_rotated_internal_certificates_apply_without_a_restart(pb, pki, test_model, server_factory, tmp_path):
+    """The decode worker reads its internal certificate and CA bundle again (--tls-refresh-seconds 1):
+    - its certificate rotated to one a new CA signed: a client trusting only the new CA gets in, one
+      trusting only the old CA no longer does;
+    - then its CA bundle rotated to the new CA (which now signs the other roles too): a client with
+      a certificate of the new CA gets in, one with the old CA's certificate no longer does."""
+    crt, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    for src, dst in ((pki.roles["decode"][0], crt), (pki.roles["decode"][1], key), (pki.internal_ca[0], ca)):
+        dst.write_bytes(src.read_bytes())
+    decode = server_factory(test_model, "--internal-tls-cert", crt, "--internal-tls-key", key, "--internal-tls-ca", ca,
+                            "--tls-refresh-seconds", "1", subcommand=("serve", "--role", "decode"))
+    new_ca = pki.ca("baton-internal-ca-2")
+    new_decode = pki.leaf("baton-decode-2", new_ca)
+    new_frontend = pki.leaf("baton-frontend-2", new_ca)
+
+    def get_load(trust, leaf):
+        # A connection of its own (no subchannel shared with an earlier channel).
+        with grpc.secure_channel(decode.address, creds(trust, leaf), options=[("grpc.use_local_subchannel_pool", 1)]) \
+                as ch:
+            try:
+                pb.worker_grpc.DecodeWorkerStub(ch).GetLoad(pb.worker.LoadRequest(), timeout=5)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+    def eventually(trust, leaf, want, what):
+        deadline = time.time() + 15
+        while (got := get_load(trust, leaf)) != want:
+            assert time.time() < deadline, f"{what}: still {got} after 15 s"
+            time.sleep(0.2)
+
+    old = pki.roles["frontend"]
+    assert get_load(pki.internal_ca, old) == grpc.StatusCode.OK
+    assert get_load(new_ca, old) == grpc.StatusCode.UNAVAILABLE
+    replace_file(new_decode[1], key)
+    replace_file(new_decode[0], crt)
+    eventually(new_ca, old, grpc.StatusCode.OK, "the rotated certificate")
+    assert get_load(pki.internal_ca, old) == grpc.StatusCode.UNAVAILABLE  # the old CA no longer verifies it
+
+    assert get_load(new_ca, new_frontend) == grpc.StatusCode.UNAVAILABLE  # not yet a member
+    replace_file(new_ca[0], ca)
+    eventually(new_ca, new_frontend, grpc.StatusCode.OK, "the rotated CA bundle")
+    assert get_load(new_ca, old) == grpc.StatusCode.UNAVAILABLE  # the old CA's certificates are out
