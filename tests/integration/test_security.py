@@ -188,6 +188,8 @@ def test_internal_rpcs_only_from_the_deployment(pb, pki, secure_deployment):
             "plaintext": grpc.insecure_channel(worker.address),
             "no client certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca)),
             "another CA's certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca, pki.rogue)),
+            # A public client's certificate is a credential of the public plane only.
+            "a public client certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca, pki.client)),
         }
         for who, ch in strangers.items():
             codes = internal_calls(pb, ch)
@@ -315,11 +317,13 @@ def test_a_rotated_certificate_applies_without_a_restart(pb, pki, baton_bin, tes
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def start(baton_bin, test_model, *args):
-    """Runs `baton serve ...` until it listens or exits; returns (exit code, or None when it was
-    listening, and everything it printed)."""
-    p = subprocess.Popen([str(baton_bin), "serve", "--model", str(test_model), *map(str, args)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start(baton_bin, test_model, *args, command="serve"):
+    """Runs `baton serve ...` (or `command`) until it listens or exits; returns (exit code, or None
+    when it was listening, and everything it printed). BATON_* variables are not passed on: the
+    flags alone say what it does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    p = subprocess.Popen([str(baton_bin), command, "--model", str(test_model), *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     for line in p.stdout:
         lines.append(line)
@@ -344,6 +348,13 @@ def test_secure_defaults_refuse_an_open_port(baton_bin, test_model, pki):
     rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "0.0.0.0:0",
                     "--prefill-addresses", "127.0.0.1:1", "--decode-addresses", "127.0.0.1:2")
     assert rc == 1 and "--tls-cert" in err, err
+    # No --listen at all: the default, 0.0.0.0:50051, is every interface.
+    rc, err = start(baton_bin, test_model, "--role", "frontend", "--prefill-addresses", "127.0.0.1:1",
+                    "--decode-addresses", "127.0.0.1:2")
+    assert rc == 1 and "0.0.0.0:50051" in err and "--tls-cert" in err and "--insecure" in err, err
+    # `baton local` listens where it is told: beyond loopback it needs public TLS too.
+    rc, err = start(baton_bin, test_model, "--listen", "0.0.0.0:0", command="local")
+    assert rc == 1 and "refusing to start insecurely" in err and "--tls-cert" in err, err
     rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "127.0.0.1:0",
                     "--prefill-addresses", "10.1.2.3:50051", "--decode-addresses", "127.0.0.1:2")
     assert rc == 1 and "10.1.2.3:50051" in err and "--internal-tls-ca" in err, err
