@@ -32,8 +32,10 @@ int64_t first_non_finite(std::span<const float> v) {
   return -1;
 }
 
-// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest) and finite.
-Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
+// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest) and finite; the
+// time the finite check took is added to `*check_seconds`.
+Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols,
+                                       double* check_seconds) {
   const GgufTensorInfo* t = f.tensor(name);
   if (t == nullptr) return not_found("tensor '" + name + "' is missing from the model file");
   const bool is_vector = rows == 1;
@@ -49,7 +51,10 @@ Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& nam
   BATON_ASSIGN_OR_RETURN(std::vector<float> values, dequantize_tensor(f, *t));
   // A corrupt file (bytes overwritten, a bad scale) can dequantise to NaN or infinity: every
   // logit would be NaN and every token 0. Refuse it here, naming the tensor.
-  if (const int64_t bad = first_non_finite(values); bad >= 0) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t bad = first_non_finite(values);
+  *check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (bad >= 0) {
     return data_loss("tensor '" + name + "' holds a value that is not finite (NaN or infinity) at element " +
                      std::to_string(bad) + " after dequantisation: the model file is corrupt");
   }
@@ -122,7 +127,8 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
   std::optional<GgmlType> type;
   bool same_type = true;
   for (const auto& [name, part_rows] : parts) {
-    BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols));  // checks shape, finite
+    // Checks shape and that every value is finite.
+    BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols, &finite_check_seconds_));
     rows += part_rows;
     const GgufTensorInfo& info = *f.tensor(name);
     if (native) {
@@ -153,34 +159,37 @@ Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   Backend& be = backend_;
+  auto tensor = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return load_tensor(f, name, rows, cols, &finite_check_seconds_);
+  };
 
   // Llama 3.1-style long-context RoPE: per-pair frequency divisors stored as a tensor.
   if (f.tensor("rope_freqs.weight") != nullptr) {
-    BATON_ASSIGN_OR_RETURN(config_.rope.freq_factors, load_tensor(f, "rope_freqs.weight", 1, c.rope.n_rot / 2));
+    BATON_ASSIGN_OR_RETURN(config_.rope.freq_factors, tensor("rope_freqs.weight", 1, c.rope.n_rot / 2));
   }
-  BATON_ASSIGN_OR_RETURN(std::vector<float> embd, load_tensor(f, "token_embd.weight", c.n_vocab, c.dim));
+  BATON_ASSIGN_OR_RETURN(std::vector<float> embd, tensor("token_embd.weight", c.n_vocab, c.dim));
   tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
   embd = {};
   BATON_ASSIGN_OR_RETURN(lm_head_, load_gemm(f, {{c.tied_output ? "token_embd.weight" : "output.weight", c.n_vocab}}, c.dim));
-  BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, load_tensor(f, "output_norm.weight", 1, c.dim));
+  BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, tensor("output_norm.weight", 1, c.dim));
   out_norm_ = be.make_matrix(onorm.data(), 1, c.dim, MatrixUse::kVector);
 
   layers_.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& w = layers_[l];
-    BATON_ASSIGN_OR_RETURN(std::vector<float> an, load_tensor(f, p + "attn_norm.weight", 1, c.dim));
+    BATON_ASSIGN_OR_RETURN(std::vector<float> an, tensor(p + "attn_norm.weight", 1, c.dim));
     w.attn_norm = be.make_matrix(an.data(), 1, c.dim, MatrixUse::kVector);
-    BATON_ASSIGN_OR_RETURN(std::vector<float> fn, load_tensor(f, p + "ffn_norm.weight", 1, c.dim));
+    BATON_ASSIGN_OR_RETURN(std::vector<float> fn, tensor(p + "ffn_norm.weight", 1, c.dim));
     w.ffn_norm = be.make_matrix(fn.data(), 1, c.dim, MatrixUse::kVector);
 
     // q, k, v stacked by rows into one [q_dim + 2 kv_dim, dim] matrix: one GEMM per step.
     BATON_ASSIGN_OR_RETURN(w.wqkv, load_gemm(f, {{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim},
                                                  {p + "attn_v.weight", kv_dim}}, c.dim));
     if (c.qkv_bias) {
-      BATON_ASSIGN_OR_RETURN(std::vector<float> bq, load_tensor(f, p + "attn_q.bias", 1, q_dim));
-      BATON_ASSIGN_OR_RETURN(std::vector<float> bk, load_tensor(f, p + "attn_k.bias", 1, kv_dim));
-      BATON_ASSIGN_OR_RETURN(std::vector<float> bv, load_tensor(f, p + "attn_v.bias", 1, kv_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bq, tensor(p + "attn_q.bias", 1, q_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bk, tensor(p + "attn_k.bias", 1, kv_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> bv, tensor(p + "attn_v.bias", 1, kv_dim));
       bq.insert(bq.end(), bk.begin(), bk.end());
       bq.insert(bq.end(), bv.begin(), bv.end());
       w.bqkv = be.make_matrix(bq.data(), 1, q_dim + 2 * kv_dim, MatrixUse::kVector);

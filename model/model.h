@@ -50,6 +50,8 @@ class Model {
   // GEMM weights kept quantised / dense (native_weights loads count the first).
   int n_native_matrices() const { return n_native_; }
   int n_dense_matrices() const { return n_dense_; }
+  // Seconds load() spent checking that every dequantised weight is finite (part of the load).
+  double finite_check_seconds() const { return finite_check_seconds_; }
   Backend& backend() const { return backend_; }
 
   // A paged KV cache for this model: n_blocks blocks of block_size tokens, in `dtype`.
@@ -90,6 +92,7 @@ class Model {
   Weights weights_ = Weights::kDense;
   int n_native_ = 0;
   int n_dense_ = 0;
+  double finite_check_seconds_ = 0;
 
   // Activations, sized for `capacity_` tokens and grown on demand. x_ is the f32 residual stream;
   // the others are in the backend's activation dtype.

@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <regex>
 
 namespace baton {
 namespace {
@@ -29,6 +31,35 @@ bool is_handoff_fault(const Status& s) {
 
 void add_unique(std::vector<std::string>& v, const std::string& s) {
   if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+}
+
+// Whether the `len` bytes at `pos` of `text` stand alone: no address or name character either
+// side (so "d:1" is not found inside "d:10").
+bool bounded_at(const std::string& text, size_t pos, size_t len) {
+  auto part_of_address = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-'; };
+  const bool left = pos == 0 || !part_of_address(text[pos - 1]);
+  const bool right = pos + len >= text.size() || !std::isalnum(static_cast<unsigned char>(text[pos + len]));
+  return left && right;
+}
+
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos)) {
+    if (!bounded_at(text, pos, from.size())) {
+      pos += from.size();
+      continue;
+    }
+    text.replace(pos, from.size(), to);
+    pos += to.size();
+  }
+}
+
+// IP literals as gRPC and the workers write them: 10.0.0.7:50051, ipv4:10.0.0.7, ipv6:[::1]:41234,
+// ipv6:%5B::1%5D:41234.
+const std::regex& ip_literal() {
+  static const std::regex re(
+      R"((ipv4:)?\b\d{1,3}(\.\d{1,3}){3}(:\d{1,5})?|(ipv6:)?(\[[0-9A-Fa-f:.%]*\]|%5B[0-9A-Fa-f:.%]*?%5D)(:\d{1,5})?)");
+  return re;
 }
 
 std::string join(const std::vector<std::string>& parts) {
@@ -112,6 +143,20 @@ Status RequestPipeline::with_history(const Status& status) const {
   return Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")");
 }
 
+std::string RequestPipeline::for_client(std::string text) const {
+  const std::string name = req_.label.empty() ? "(this request)" : req_.label;
+  for (const std::string& id : attempt_ids_) replace_all(text, id, name);
+  for (const std::string& address : worker_addresses_) replace_all(text, address, "<address>");
+  return std::regex_replace(text, ip_literal(), "<address>");
+}
+
+std::string RequestPipeline::log_name() const {
+  return (req_.label.empty() ? "-" : req_.label) + " attempt " + std::to_string(attempt_.number + 1) + " (" +
+         attempt_.id + ", prefill " +
+         (attempt_.placement.prefill_address.empty() ? "-" : attempt_.placement.prefill_address) + ", decode " +
+         (attempt_.placement.decode_address.empty() ? "-" : attempt_.placement.decode_address) + ")";
+}
+
 double RequestPipeline::since_arrival(TimePoint t) const {
   return std::chrono::duration<double>(t - req_.arrival).count();
 }
@@ -133,6 +178,7 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   attempt_ = Attempt{};
   attempt_.number = number;
   attempt_.id = random_request_id();
+  attempt_ids_.push_back(attempt_.id);
   attempt_.handed_to_scheduler = true;
   kv_sent_reported_ = false;
   state_ = PipelineState::kQueued;
@@ -180,6 +226,8 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
     return;
   }
   attempt_.placement = placement;
+  add_unique(worker_addresses_, placement.prefill_address);
+  add_unique(worker_addresses_, placement.decode_address);
   state_ = PipelineState::kAdmitting;
   AdmitCall call;
   call.request_id = attempt_.id;
@@ -220,7 +268,7 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
     if (is_worker_fault(status)) {
       report_fault(WorkerRole::kDecode, addr, status);
       attempt_.admitted = true;  // it may have admitted before the error reached us: release
-      failover_locked(g, "decode_admit", Status(status.code(), "decode worker " + addr + ": " + status.message()));
+      failover_locked(g, "decode_admit", "the decode worker", status);
       return true;
     }
     if (status.code() == StatusCode::kResourceExhausted) {
@@ -232,7 +280,8 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
       submit_attempt_locked(g);
       return true;
     }
-    end_locked(g, Status(status.code(), "decode worker " + addr + " refused the request: " + status.message()));
+    spdlog::warn("req={}: the decode worker refused the request: {}", log_name(), status.to_string());
+    end_locked(g, Status(status.code(), "the decode worker refused the request: " + status.message()));
     return true;
   }
   attempt_.admitted = true;
@@ -311,23 +360,22 @@ void RequestPipeline::on_prefill_done(int32_t attempt, const Status& status) {
   const std::string& addr = attempt_.placement.prefill_address;
   if (status.ok()) {
     if (!attempt_.first_token) {
-      failover_locked(g, "prefill", internal_error("prefill worker " + addr + " ended without a first token"));
+      failover_locked(g, "prefill", "the prefill worker", internal_error("it ended without a first token"));
     }
     return;
   }
   if (attempt_.first_token ? !is_handoff_fault(status) : !is_worker_fault(status)) {
-    end_locked(g, Status(status.code(), "prefill on " + addr + " failed: " + status.message()));
+    spdlog::warn("req={}: prefill failed: {}", log_name(), status.to_string());
+    end_locked(g, Status(status.code(), "prefill failed: " + status.message()));
     return;
   }
   if (!attempt_.first_token) {
     report_fault(WorkerRole::kPrefill, addr, status);
-    failover_locked(g, "prefill", Status(status.code(), "prefill worker " + addr + ": " + status.message()));
+    failover_locked(g, "prefill", "the prefill worker", status);
   } else {
     // The KV hand-off failed: either end may be at fault (a dead decode worker also breaks
     // the decode stream; whichever arrives first fails the attempt over).
-    failover_locked(g, "kv_handoff",
-                    Status(status.code(), "KV hand-off " + addr + " → " + attempt_.placement.decode_address + ": " +
-                                              status.message()));
+    failover_locked(g, "kv_handoff", "the KV hand-off from the prefill to the decode worker", status);
   }
 }
 
@@ -366,16 +414,17 @@ void RequestPipeline::on_decode_done(int32_t attempt, const Status& status) {
   const std::string& addr = attempt_.placement.decode_address;
   if (status.ok()) {
     if (!attempt_.decode_done) {
-      failover_locked(g, "decode", internal_error("decode worker " + addr + " ended the stream without a final event"));
+      failover_locked(g, "decode", "the decode worker", internal_error("it ended the stream without a final event"));
     }
     return;
   }
   if (!is_stream_fault(status)) {
-    end_locked(g, Status(status.code(), "decode on " + addr + ": " + status.message()));
+    spdlog::warn("req={}: decode failed: {}", log_name(), status.to_string());
+    end_locked(g, Status(status.code(), "decode failed: " + status.message()));
     return;
   }
   report_fault(WorkerRole::kDecode, addr, status);
-  failover_locked(g, "decode", Status(status.code(), "decode worker " + addr + ": " + status.message()));
+  failover_locked(g, "decode", "the decode worker", status);
 }
 
 void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids) {
@@ -410,9 +459,16 @@ void RequestPipeline::maybe_complete_locked(Guard& g) {
   end_locked(g, Status());
 }
 
-void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const Status& cause) {
-  const std::string where = attempt_.placement.prefill_address + " / " + attempt_.placement.decode_address;
-  history_.push_back(reason + " (" + where + "): " + cause.to_string());
+void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const std::string& who,
+                                      const Status& cause) {
+  // The log has the attempt's id and workers; the history (which the client may read) has neither.
+  spdlog::warn("req={} failed ({}): {}: {}; {}", log_name(), reason, who, cause.to_string(),
+               static_cast<int32_t>(history_.size()) < deps_.config.max_failovers
+                   ? "failing over, re-prefilling " + std::to_string(req_.prompt_ids.size()) + " prompt + " +
+                         std::to_string(emitted_.size()) + " generated tokens"
+                   : std::string("no failover left (--max-failovers)"));
+  history_.push_back(reason + ": " + std::string(status_code_name(cause.code())) + ": " + who + ": " +
+                     for_client(cause.message()));
   if (static_cast<int32_t>(history_.size()) > deps_.config.max_failovers) {
     end_locked(g, unavailable("no worker could finish the request after " + std::to_string(history_.size()) +
                               " attempts (--max-failovers " + std::to_string(deps_.config.max_failovers) +
@@ -423,10 +479,7 @@ void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const
     add_unique(avoid_decode_, attempt_.placement.decode_address);
   }
   if (reason == "prefill" || reason == "kv_handoff") add_unique(avoid_prefill_, attempt_.placement.prefill_address);
-  spdlog::warn("req={} attempt {} failed ({}): {}; failing over, re-prefilling {} prompt + {} generated tokens",
-               req_.label.empty() ? attempt_.id : req_.label, attempt_.number + 1, reason, cause.to_string(),
-               req_.prompt_ids.size(), emitted_.size());
-  sink_->on_failover(reason, cause);
+  sink_->on_failover(reason, Status(cause.code(), who + ": " + for_client(cause.message())));
   abandon_attempt_locked(g);
   submit_attempt_locked(g);
 }
@@ -464,7 +517,8 @@ void RequestPipeline::end_locked(Guard& g, const Status& status) {
   o.prefill_address = attempt_.placement.prefill_address;
   o.decode_address = attempt_.placement.decode_address;
   std::shared_ptr<ResponseSink> sink = std::move(sink_);
-  sink->on_end(status, o);
+  // Everything a status says reaches the client: the request by its label, workers by role.
+  sink->on_end(status.ok() ? status : Status(status.code(), for_client(status.message())), o);
 }
 
 }  // namespace baton

@@ -14,6 +14,11 @@
 // client sees one stream with no token twice and none missing. After max_failovers the request
 // ends UNAVAILABLE with the history of what failed.
 //
+// What the client reads of a status: every status the pipeline ends with, and the failover history,
+// name the request by its label (attempt ids are replaced by it) and workers by role ("the decode
+// worker"): worker addresses and IP literals in workers' and gRPC's messages become "<address>".
+// The frontend's log has the attempt ids and the addresses.
+//
 // A decode worker that refuses the Admit for lack of blocks (its last load report was too
 // optimistic: another frontend got there first) sends the request back to the queue as a new
 // attempt, not a failover.
@@ -48,7 +53,8 @@ const char* pipeline_state_name(PipelineState state);
 
 // A validated request (the public surfaces validate and tokenise; the pipeline trusts this).
 struct PipelineRequest {
-  std::string label;  // for logs: the client's request id, or empty
+  // The client's request id, or empty: in logs, and in statuses in place of attempt ids.
+  std::string label;
   std::vector<int32_t> prompt_ids;  // non-empty
   int32_t max_tokens = 1;           // >= 1
   SamplingParams sampling;
@@ -79,7 +85,7 @@ struct PipelineOutcome {
   double ttft_seconds = 0;          // arrival → the first token handed to the sink
   double e2e_seconds = 0;           // arrival → the end
   int32_t failovers = 0;
-  std::vector<std::string> failover_history;  // "decode (d:1): UNAVAILABLE: …", oldest first
+  std::vector<std::string> failover_history;    // "decode: UNAVAILABLE: the decode worker: …", oldest first
   std::string prefill_address, decode_address;  // of the last attempt
 };
 
@@ -94,7 +100,8 @@ class ResponseSink {
   // New tokens in order; over the whole request (failovers included) each position is offered
   // once. Called with the pipeline's mutex held.
   virtual Accepted on_tokens(std::span<const int32_t> ids) = 0;
-  // The current attempt failed and the request is starting another (for metrics and logs).
+  // The current attempt failed and the request is starting another (for metrics and logs; `cause`
+  // is in the client's terms, as on_end's status).
   virtual void on_failover(const std::string& reason, const Status& cause) {}
   // Exactly once, last. OK: the outcome is complete; otherwise `status` says why.
   virtual void on_end(const Status& status, const PipelineOutcome& outcome) = 0;
@@ -159,14 +166,19 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   void open_worker_calls_locked();
   void emit_locked(Guard& g, std::span<const int32_t> ids);
   void maybe_complete_locked(Guard& g);
-  // A worker failed the attempt: another attempt, or the end when none is left.
-  void failover_locked(Guard& g, const std::string& reason, const Status& cause);
+  // A worker failed the attempt: another attempt, or the end when none is left. `who`: the
+  // role at fault as the client reads it ("the decode worker"); `cause`: what it said.
+  void failover_locked(Guard& g, const std::string& reason, const std::string& who, const Status& cause);
   // Lets go of everything the current attempt holds (calls, reservation, placement).
   void abandon_attempt_locked(Guard& g);
   void end_locked(Guard& g, const Status& status);
   void report_fault(WorkerRole role, const std::string& address, const Status& status);
   // `status` with the failed attempts before it, when there were any.
   Status with_history(const Status& status) const;
+  // `text` as a client may read it: attempt ids replaced by the label, addresses by "<address>".
+  std::string for_client(std::string text) const;
+  // The current attempt for the log: label, attempt number, id and workers.
+  std::string log_name() const;
   double since_arrival(TimePoint t) const;
 
   const PipelineDeps deps_;
@@ -177,7 +189,9 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   Attempt attempt_;
   std::vector<int32_t> emitted_;  // every token the sink took
   std::vector<std::string> avoid_decode_, avoid_prefill_;
-  std::vector<std::string> history_;
+  std::vector<std::string> history_;           // client-facing (for_client), oldest first
+  std::vector<std::string> attempt_ids_;       // every attempt's id so far
+  std::vector<std::string> worker_addresses_;  // every worker an attempt was placed on
   std::string finish_reason_;
   TimePoint prefill_sent_{}, first_token_at_{};
   bool have_first_token_ = false;

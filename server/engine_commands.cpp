@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -125,9 +126,11 @@ int run_generate(const GenerateArgs& a) {
   const Result<DType> kv_dtype = resolve_kv_dtype(*backend, a.kv_dtype);
   if (!kv_dtype.ok()) return fail(kv_dtype.status());
   // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
+  const auto load_start = std::chrono::steady_clock::now();
   auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{},
                            weights_plan(a.weights, *backend, /*decodes=*/true, /*prefills=*/true));
   if (!model.ok()) return fail_model(model.status());
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   GenerateOptions go;
   go.max_tokens = a.max_tokens;
@@ -166,9 +169,10 @@ int run_generate(const GenerateArgs& a) {
   }
   const int n_gen = static_cast<int>(res->tokens.size());
   std::fprintf(stderr,
-               "baton: %s, %s | prompt %d tokens, prefill %.1f ms (%.1f tok/s), decode %d tokens in %.1f ms (%.1f tok/s), "
-               "finish %s\n",
-               (*model)->config().name.c_str(), backend->name().c_str(), res->n_prompt, res->prefill_seconds * 1e3,
+               "baton: %s, %s | load %.1f ms (weights checked finite in %.1f ms) | prompt %d tokens, prefill %.1f ms "
+               "(%.1f tok/s), decode %d tokens in %.1f ms (%.1f tok/s), finish %s\n",
+               (*model)->config().name.c_str(), backend->name().c_str(), load_seconds * 1e3,
+               (*model)->finite_check_seconds() * 1e3, res->n_prompt, res->prefill_seconds * 1e3,
                res->n_prompt / std::max(res->prefill_seconds, 1e-9), n_gen, res->decode_seconds * 1e3,
                n_gen > 1 ? (n_gen - 1) / std::max(res->decode_seconds, 1e-9) : 0.0, res->finish_reason.c_str());
   return 0;

@@ -12,26 +12,30 @@ constexpr size_t kMaxRequestIdBytes = 128;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 
-// A client's string as an error message quotes it: at most kMaxEchoBytes, bytes outside
-// printable ASCII as \xNN, and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB
-// message and log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
+// A client's string as an error message quotes it: bytes outside printable ASCII as \xNN, at
+// most kMaxEchoBytes characters of that between the quotes (so 16 bytes of a string that is all
+// escapes), and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB message and
+// log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
 constexpr size_t kMaxEchoBytes = 64;
 
 std::string quote_input(const std::string& s) {
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxEchoBytes; ++i) {
+  static const char* hex = "0123456789abcdef";
+  std::string body;
+  size_t i = 0;
+  for (; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7F && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
+    const bool plain = c >= 0x20 && c < 0x7F && c != '\\' && c != '\'';
+    if (body.size() + (plain ? 1 : 4) > kMaxEchoBytes) break;
+    if (plain) {
+      body += static_cast<char>(c);
     } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
+      body += "\\x";
+      body += hex[c >> 4];
+      body += hex[c & 15];
     }
   }
-  out += "'";
-  if (s.size() > kMaxEchoBytes) out += " (cut, " + std::to_string(s.size()) + " bytes)";
+  std::string out = "'" + body + "'";
+  if (i < s.size()) out += " (cut, " + std::to_string(s.size()) + " bytes)";
   return out;
 }
 
@@ -82,6 +86,11 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     spec.prompt_ids = std::move(*ids);
     if (m.tokenizer->add_bos()) spec.prompt_ids.insert(spec.prompt_ids.begin(), m.tokenizer->bos_id());
   } else if (r.prompt_token_ids_size() > 0) {
+    if (r.prompt_token_ids_size() >= m.config.n_ctx) {  // counted before any is copied
+      return invalid_argument("prompt_token_ids holds " + std::to_string(r.prompt_token_ids_size()) +
+                              " ids: the context of " + std::to_string(m.config.n_ctx) +
+                              " tokens has no room left for max_tokens; shorten it");
+    }
     for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
       const int32_t id = r.prompt_token_ids(i);
       if (id < 0 || id >= m.config.n_vocab) {

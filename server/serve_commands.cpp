@@ -189,8 +189,9 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
                                                 spdlog::info("{}", line);
                                               }),
                                               weights_plan(a.weights, *m.backend, decodes, prefills)));
-  spdlog::info("weights: {} GEMM matrices quantised (native), {} dense ({})", m.model->n_native_matrices(),
-               m.model->n_dense_matrices(), dtype_name(m.backend->compute_dtype()));
+  spdlog::info("weights: {} GEMM matrices quantised (native), {} dense ({}); weights checked finite in {:.1f} ms",
+               m.model->n_native_matrices(), m.model->n_dense_matrices(), dtype_name(m.backend->compute_dtype()),
+               m.model->finite_check_seconds() * 1e3);
   return m;
 }
 

@@ -59,8 +59,9 @@ class Server:
 
     def __init__(self, baton_bin, model, *extra, subcommand=("local",), listen="127.0.0.1:0"):
         self.metrics_port = free_port()
+        log_level = [] if "--log-level" in extra else ["--log-level", "warn"]  # the test may ask for another
         args = [str(baton_bin), *subcommand, "--model", str(model), "--listen", listen,
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--log-level", "warn", *extra]
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *log_level, *map(str, extra)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace")
         deadline = time.time() + 120
@@ -77,15 +78,44 @@ class Server:
             self.proc.kill()
             raise RuntimeError(f"baton did not start: {self.proc.stderr.read()}")
         self.address = f"127.0.0.1:{self.port}"
-        # stderr is read all the time: a test that makes the server log a lot (the request fuzzer)
-        # must not fill the pipe and block the server in a write. The last lines are kept.
+        # Both streams are read all the time (the log goes to stdout, sanitizer reports to stderr): a
+        # test that makes the server log a lot (the request fuzzer, --log-level debug) must not fill
+        # a pipe and block the server in a write. The last lines of both are kept, in one tail.
         self.stderr_tail = collections.deque(maxlen=200)
-        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self._stderr_reader.start()
+        self.n_output_lines = 0  # every line read so far (the tail keeps the last 200)
+        self._output_lock = threading.Lock()
+        self._readers = [threading.Thread(target=self._read, args=(f,), daemon=True)
+                         for f in (self.proc.stdout, self.proc.stderr)]
+        for r in self._readers:
+            r.start()
 
-    def _read_stderr(self):
-        for line in self.proc.stderr:
-            self.stderr_tail.append(line.rstrip("\n"))
+    def _read(self, stream):
+        for line in stream:
+            with self._output_lock:
+                self.stderr_tail.append(line.rstrip("\n"))
+                self.n_output_lines += 1
+
+    def log_mark(self):
+        """A mark for log_since: the number of output lines (log and stderr) read so far."""
+        with self._output_lock:
+            return self.n_output_lines
+
+    def log_since(self, mark):
+        """The output lines read after `mark` (at most the last 200)."""
+        with self._output_lock:
+            n = self.n_output_lines - mark
+            return list(self.stderr_tail)[-n:] if n > 0 else []
+
+    def wait_for_log(self, pattern, mark=0, timeout=10):
+        """The first output line after `mark` that matches the regex `pattern`, waiting up to
+        `timeout` s for it."""
+        deadline = time.time() + timeout
+        while True:
+            for line in self.log_since(mark):
+                if re.search(pattern, line):
+                    return line
+            assert time.time() < deadline, f"no line matching {pattern!r} in {timeout} s: {self.log_since(mark)[-20:]}"
+            time.sleep(0.02)
 
     def metrics(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
@@ -109,7 +139,8 @@ class Server:
         rc = self.stop()
         if killed_by_test:
             return
-        self._stderr_reader.join(timeout=10)
+        for r in self._readers:
+            r.join(timeout=10)
         reports = [line for line in self.stderr_tail if "Sanitizer" in line or "runtime error:" in line]
         assert rc == 0 and not reports, (f"{' '.join(self.proc.args[1:4])} exited {rc}:\n" +
                                          "\n".join(list(self.stderr_tail)[-40:]))

@@ -1,20 +1,25 @@
 """A model file that cannot be used fails the same way in every command that loads weights:
 `baton generate`, `baton serve --role prefill|decode` and `baton local` exit with one status
 and one line on stderr naming the problem. Cases: a tensor whose bytes were overwritten with 0xFF
-(it dequantises to NaN: loading checks every tensor and names it), and a truncated file.
+(it dequantises to NaN: loading checks every tensor and names it), a block of a quantised tensor
+(Q8_0, Q4_1: the real SmolLM2 file's) whose scale is NaN, and a truncated file.
 
 A model whose weights are finite but whose forward pass overflows (a norm weight of 3e38) loads,
 and then never produces a token: `generate` fails, and a served request ends INTERNAL with the
-reason, without a token, without a failover (it would overflow anywhere), its KV blocks freed."""
+reason, without a token, without a failover (it would overflow anywhere), its KV blocks freed, and
+the worker's log says so."""
 
+import os
+import random
 import subprocess
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from serving_harness import Server, wait_blocks_free
+from serving_harness import REPO, Server, wait_blocks_free
 
 CORRUPT_TENSOR = "blk.1.ffn_down.weight"
 
@@ -39,6 +44,37 @@ def corrupt_model(test_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def real_model():
+    model = os.environ.get("BATON_MODEL")
+    if not model:
+        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
+                               text=True).stdout.strip().splitlines()[-1]
+    return Path(model)
+
+
+# Quantised tensors of SmolLM2-135M-Instruct.Q4_1.gguf: (name, type, bytes per 32-weight block). Each
+# block starts with its f16 scale d (Q8_0: d, 32 int8; Q4_1: d, m, 16 bytes of nibbles).
+QUANTISED = {"Q8_0": ("token_embd.weight", 34), "Q4_1": ("blk.0.ffn_down.weight", 20)}
+F16_NAN = b"\x00\x7e"
+
+
+@pytest.fixture(scope="module", params=sorted(QUANTISED))
+def nan_scale_model(request, real_model, tmp_path_factory):
+    """The real model with one block of a quantised tensor given a NaN scale; (path, tensor name)."""
+    name, block_bytes = QUANTISED[request.param]
+    (t,) = [t for t in GGUFReader(real_model).tensors if t.name == name]
+    assert t.tensor_type.name == request.param, f"{name} is {t.tensor_type.name} in {real_model}"
+    raw = bytearray(real_model.read_bytes())
+    block = random.randrange(int(t.n_bytes) // block_bytes)
+    offset = int(t.data_offset) + block * block_bytes
+    raw[offset:offset + 2] = F16_NAN
+    path = tmp_path_factory.mktemp("bad") / f"nan-scale-{request.param}.gguf"
+    path.write_bytes(bytes(raw))
+    assert np.isnan(np.frombuffer(F16_NAN, dtype=np.float16)).all()
+    return path, name
+
+
+@pytest.fixture(scope="module")
 def truncated_model(test_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("bad") / "truncated.gguf"
     path.write_bytes(test_model.read_bytes()[: test_model.stat().st_size // 2])
@@ -53,9 +89,8 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("which", ["corrupt", "truncated"])
-def test_bad_model_fails_alike_in_every_command(which, baton_bin, corrupt_model, truncated_model):
-    model = corrupt_model if which == "corrupt" else truncated_model
+def run_every_command(baton_bin, model):
+    """{command: (exit status, its last `baton: ` line)} of every command that loads weights."""
     results = {}
     for name, args in COMMANDS.items():
         p = subprocess.run([str(baton_bin), args[0], "--model", str(model), *args[1:]], capture_output=True,
@@ -63,11 +98,29 @@ def test_bad_model_fails_alike_in_every_command(which, baton_bin, corrupt_model,
         lines = [l for l in p.stderr.splitlines() if l.startswith("baton: ")]
         assert p.returncode != 0 and lines, f"{name}: exit {p.returncode}\n{p.stderr[-2000:]}"
         results[name] = (p.returncode, lines[-1])
-        if which == "corrupt":
-            assert CORRUPT_TENSOR in lines[-1] and "not finite" in lines[-1], f"{name}: {lines[-1]}"
+    return results
+
+
+@pytest.mark.parametrize("which", ["corrupt", "truncated"])
+def test_bad_model_fails_alike_in_every_command(which, baton_bin, corrupt_model, truncated_model):
+    model = corrupt_model if which == "corrupt" else truncated_model
+    results = run_every_command(baton_bin, model)
+    if which == "corrupt":
+        for name, (_, line) in results.items():
+            assert CORRUPT_TENSOR in line and "not finite" in line, f"{name}: {line}"
     codes = {code for code, _ in results.values()}
     assert codes == {1}, results  # a model file that cannot be used exits 1 (bad flags exit 2)
     print("\n".join(f"{n}: exit {c}: {l}" for n, (c, l) in results.items()))
+
+
+def test_a_nan_scale_in_a_quantised_block_fails_alike_in_every_command(baton_bin, nan_scale_model):
+    """A block scale is one f16 for 32 weights: NaN there makes every weight of the block NaN once
+    dequantised, which the load refuses as for an f32 tensor, naming it."""
+    model, tensor = nan_scale_model
+    results = run_every_command(baton_bin, model)
+    for name, (code, line) in results.items():
+        assert code == 1, f"{name}: exit {code}: {line}"
+        assert f"tensor '{tensor}'" in line and "not finite" in line and "corrupt" in line, f"{name}: {line}"
 
 
 @pytest.fixture(scope="module")
@@ -94,5 +147,7 @@ def test_logits_that_are_not_finite_never_become_a_token(pb, baton_bin, overflow
         assert "not finite" in err.value.details() and "attempt" not in err.value.details()
         assert got == []
         assert wait_blocks_free(srv)
+        # The worker that met them logs it, with the position (the prompt's last: the first token).
+        srv.wait_for_log(r"error.*the logits at position 3 are not finite")
     finally:
         srv.stop_clean()

@@ -11,18 +11,28 @@ processes with real certificates made here by `openssl`:
   and bad certificate files stop it with the flag named;
 - kubelet's probes get a plaintext port that serves grpc.health.v1 and nothing else;
 - Stream and Release of a decode reservation are honoured only from the peer that admitted it,
-  and its KV only from the prefill worker the Admit named;
+  and its KV only from the prefill worker the Admit named; a member of another identity that
+  learned a streaming victim's worker-facing id and calls Release and Stream for it disturbs
+  nothing;
+- a failed request's status names it by the client's id and the workers by role: the
+  worker-facing id and the workers' addresses stay in the frontend's log;
+- an internal message over 64 MiB is refused (RESOURCE_EXHAUSTED) and the worker goes on;
+- a rotated internal certificate or CA bundle applies to new connections without a restart;
 - a string field that is not UTF-8 is named in the INVALID_ARGUMENT."""
 
 import os
+import re
 import subprocess
+import threading
 import time
 
 import grpc
 import pytest
 
-from serving_harness import SERVING, free_port, health_check
+from serving_harness import SERVING, Stream, free_port, health_check, make_test_model, wait_blocks_free
 from test_serving import reference_ids
+
+ATTEMPT_ID = re.compile(r"\b[0-9a-f]{32}\b")  # a worker-facing request id (random_request_id)
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]
 KEY = "key-" + os.urandom(16).hex()
@@ -93,17 +103,29 @@ def tls_generate(pb, address, channel_creds, metadata=(("authorization", f"Beare
     return [t for m in msgs for t in m.token_ids]
 
 
-@pytest.fixture
-def secure_deployment(pki, test_model, server_factory):
-    decode = server_factory(test_model, *internal_flags(pki, "decode"), "--dtype", "f32",
+def start_secure(pki, model, server_factory, worker_flags=(), decode_flags=()):
+    """A frontend, a prefill and a decode worker: mutual TLS inside, TLS + client CA + API keys outside."""
+    decode = server_factory(model, *internal_flags(pki, "decode"), "--dtype", "f32", *worker_flags, *decode_flags,
                             subcommand=("serve", "--role", "decode"))
-    prefill = server_factory(test_model, *internal_flags(pki, "prefill"), "--dtype", "f32",
+    prefill = server_factory(model, *internal_flags(pki, "prefill"), "--dtype", "f32", *worker_flags,
                              subcommand=("serve", "--role", "prefill"))
-    front = server_factory(test_model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
+    front = server_factory(model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
                            "--decode-addresses", decode.address, "--tls-cert", pki.public[0], "--tls-key",
                            pki.public[1], "--tls-client-ca", pki.public_ca[0], "--api-key-file", pki.keys,
                            subcommand=("serve", "--role", "frontend"))
     return front, prefill, decode
+
+
+@pytest.fixture
+def secure_deployment(pki, test_model, server_factory):
+    return start_secure(pki, test_model, server_factory)
+
+
+@pytest.fixture(scope="module")
+def slow_model(baton_bin, tmp_path_factory):
+    """A random model large enough that a stream lasts a while on one thread (4 layers, width 512)."""
+    return make_test_model(baton_bin, tmp_path_factory.mktemp("slow") / "model.gguf", seed=13, layers=4, dim=512,
+                           heads=8, kv_heads=4, ffn=1536, ctx=1024)
 
 
 def test_tls_on_both_planes_streams_the_same_greedy_text(pb, pki, baton_bin, test_model, secure_deployment):
@@ -166,6 +188,8 @@ def test_internal_rpcs_only_from_the_deployment(pb, pki, secure_deployment):
             "plaintext": grpc.insecure_channel(worker.address),
             "no client certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca)),
             "another CA's certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca, pki.rogue)),
+            # A public client's certificate is a credential of the public plane only.
+            "a public client certificate": grpc.secure_channel(worker.address, creds(pki.internal_ca, pki.client)),
         }
         for who, ch in strangers.items():
             codes = internal_calls(pb, ch)
@@ -293,11 +317,13 @@ def test_a_rotated_certificate_applies_without_a_restart(pb, pki, baton_bin, tes
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def start(baton_bin, test_model, *args):
-    """Runs `baton serve ...` until it listens or exits; returns (exit code, or None when it was
-    listening, and everything it printed)."""
-    p = subprocess.Popen([str(baton_bin), "serve", "--model", str(test_model), *map(str, args)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start(baton_bin, test_model, *args, command="serve"):
+    """Runs `baton serve ...` (or `command`) until it listens or exits; returns (exit code, or None
+    when it was listening, and everything it printed). BATON_* variables are not passed on: the
+    flags alone say what it does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    p = subprocess.Popen([str(baton_bin), command, "--model", str(test_model), *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     for line in p.stdout:
         lines.append(line)
@@ -322,6 +348,13 @@ def test_secure_defaults_refuse_an_open_port(baton_bin, test_model, pki):
     rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "0.0.0.0:0",
                     "--prefill-addresses", "127.0.0.1:1", "--decode-addresses", "127.0.0.1:2")
     assert rc == 1 and "--tls-cert" in err, err
+    # No --listen at all: the default, 0.0.0.0:50051, is every interface.
+    rc, err = start(baton_bin, test_model, "--role", "frontend", "--prefill-addresses", "127.0.0.1:1",
+                    "--decode-addresses", "127.0.0.1:2")
+    assert rc == 1 and "0.0.0.0:50051" in err and "--tls-cert" in err and "--insecure" in err, err
+    # `baton local` listens where it is told: beyond loopback it needs public TLS too.
+    rc, err = start(baton_bin, test_model, "--listen", "0.0.0.0:0", command="local")
+    assert rc == 1 and "refusing to start insecurely" in err and "--tls-cert" in err, err
     rc, err = start(baton_bin, test_model, "--role", "frontend", "--listen", "127.0.0.1:0",
                     "--prefill-addresses", "10.1.2.3:50051", "--decode-addresses", "127.0.0.1:2")
     assert rc == 1 and "10.1.2.3:50051" in err and "--internal-tls-ca" in err, err
@@ -414,3 +447,188 @@ def test_invalid_utf8_names_the_field(pb, shared_server):
     e = call(req, b"@@CONTENT@@")
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "field 'messages[1].content' is not valid UTF-8" in e.details()
+
+
+def test_a_release_attack_does_not_disturb_the_victim(pb, pki, baton_bin, slow_model, server_factory):
+    """A deployment member of another identity (a valid internal certificate that is not the
+    frontend's) that learned a victim's worker-facing id (here from the decode worker's log) calls
+    Release and Stream for it again and again while the victim streams: PERMISSION_DENIED every
+    time. Random ids get NOT_FOUND from Stream and OK from Release (an unknown id is ignored). The
+    victim streams exactly the undisturbed tokens."""
+    n = 48
+    want = reference_ids(baton_bin, slow_model, PROMPT, n)
+    front, _, decode = start_secure(pki, slow_model, server_factory, worker_flags=("--threads", "1"),
+                                    decode_flags=("--log-level", "info"))
+    mark = decode.log_mark()
+    result = {}
+
+    def victim():
+        try:
+            result["ids"] = tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT,
+                                         max_tokens=n, ignore_eos=True)
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=victim, daemon=True)
+    thread.start()
+    rid = re.search(r"decode req=([0-9a-f]{32}) admitted", decode.wait_for_log(r"decode req=\S+ admitted", mark,
+                                                                                timeout=60)).group(1)
+    w = pb.worker
+    denied = 0
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.insider_b)) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+
+        def code(fn):
+            try:
+                r = fn()
+                if not hasattr(r, "ListFields"):
+                    list(r)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+        while True:
+            got = (code(lambda: stub.Release(w.ReleaseRequest(request_id=rid), timeout=5)),
+                   code(lambda: stub.Stream(w.StreamRequest(request_id=rid), timeout=5)))
+            other = os.urandom(16).hex()
+            assert code(lambda: stub.Release(w.ReleaseRequest(request_id=other), timeout=5)) == grpc.StatusCode.OK
+            assert code(lambda: stub.Stream(w.StreamRequest(request_id=other), timeout=5)) == \
+                grpc.StatusCode.NOT_FOUND
+            if got != (grpc.StatusCode.PERMISSION_DENIED,) * 2:
+                # Only once the victim's request is over on the decode worker is its id unknown there.
+                decode.wait_for_log(rf"decode req={rid} finished", mark, timeout=5)
+                assert got[1] == grpc.StatusCode.NOT_FOUND, got
+                break
+            denied += 1
+    thread.join(timeout=120)
+    assert "error" not in result, result["error"].details()
+    assert result["ids"] == want
+    assert denied >= 3, f"only {denied} attacks while the victim streamed: make it longer"
+    print(f"{denied} rounds of Release + Stream for the victim's id were refused while it streamed")
+    assert wait_blocks_free(decode)
+
+
+def test_a_failed_request_shows_no_worker_id_or_address(pb, test_model, slow_model, server_factory):
+    """What the client reads of a failure names the request by its own id and the workers by role;
+    the worker-facing id and the addresses are in the frontend's log. Two failures, each with
+    --max-failovers 0:
+    - a KV hand-off the decode worker refuses (the prefill worker listens on 127.0.0.2, so its KV
+      comes from another host than the Admit named): the workers' messages name the attempt id, the
+      decode worker's address and the sender's IP;
+    - a decode worker killed mid-stream: gRPC's message names the address it could not reach."""
+    decode = server_factory(test_model, subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, subcommand=("serve", "--role", "prefill"), listen="127.0.0.2:0")
+    prefill_address = f"127.0.0.2:{prefill.port}"
+    front = server_factory(test_model, "--prefill-addresses", prefill_address, "--decode-addresses", decode.address,
+                           "--max-failovers", "0", subcommand=("serve", "--role", "frontend"))
+    mark = front.log_mark()
+    with grpc.insecure_channel(front.address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(pb.gen_grpc.GenerationStub(ch).Generate(
+            pb.gen.GenerateRequest(request_id="victim-1", prompt_token_ids=PROMPT, max_tokens=8), timeout=60))
+    details = e.value.details()
+    assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED), details
+    assert "victim-1" in details and "decode worker" in details, details
+    assert not ATTEMPT_ID.search(details), details
+    for address in (decode.address, prefill_address, "127.0.0."):
+        assert address not in details, details
+    logged = front.wait_for_log(re.escape(decode.address) + ".*not from the prefill worker", mark)
+    assert ATTEMPT_ID.search(logged) and prefill_address in logged, logged
+
+    # A decode worker killed while it streams.
+    decode = server_factory(slow_model, "--threads", "1", subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(slow_model, "--threads", "1", subcommand=("serve", "--role", "prefill"))
+    front = server_factory(slow_model, "--prefill-addresses", prefill.address, "--decode-addresses", decode.address,
+                           "--max-failovers", "0", subcommand=("serve", "--role", "frontend"))
+    mark = front.log_mark()
+    stream = Stream(pb, front.address, PROMPT, 900)
+    deadline = time.monotonic() + 60
+    while len(stream.ids) < 5:
+        assert time.monotonic() < deadline and stream.error is None and stream.final is None
+        time.sleep(0.005)
+    decode.proc.kill()
+    stream.join()
+    assert stream.error is not None and stream.error.code() == grpc.StatusCode.UNAVAILABLE, stream.error
+    details = stream.error.details()
+    assert "decode worker" in details, details
+    assert not ATTEMPT_ID.search(details), details
+    for address in (decode.address, f":{decode.port}", prefill.address, "127.0.0."):
+        assert address not in details, details
+    print("the client reads:", details)
+    logged = front.wait_for_log(r"failed \(decode\)", mark)
+    assert ATTEMPT_ID.search(logged) and decode.address in logged, logged
+
+
+def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, pki, baton_bin, test_model,
+                                                                           secure_deployment):
+    front, _, decode = secure_deployment
+    w = pb.worker
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["prefill"])) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+        fingerprint = stub.GetLoad(w.LoadRequest(), timeout=5).model_fingerprint
+        rid = os.urandom(16).hex()
+        stub.Admit(w.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender="127.0.0.1:1",
+                                  model_fingerprint=fingerprint), timeout=10)
+        header = w.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2, n_kv_heads=2,
+                            head_dim=16, n_tokens=8, first_token=1, token_ids=PROMPT)
+        chunk = w.KvLayerChunk(layer=0, token_start=0, token_count=8, k=bytes(65 << 20), v=b"")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.TransferKv(iter([w.KvMessage(header=header), w.KvMessage(chunk=chunk)]), timeout=60)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        stub.Release(w.ReleaseRequest(request_id=rid), timeout=5)
+    assert decode.proc.poll() is None
+    want = reference_ids(baton_bin, test_model, PROMPT, 8)
+    assert tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT, max_tokens=8,
+                        ignore_eos=True) == want
+    assert wait_blocks_free(decode)
+
+
+def replace_file(src, dst):
+    """Swaps `dst` for a copy of `src` by rename, as a Secret volume update does."""
+    tmp = dst.with_suffix(dst.suffix + ".new")
+    tmp.write_bytes(src.read_bytes())
+    os.replace(tmp, dst)
+
+
+def test_rotated_internal_certificates_apply_without_a_restart(pb, pki, test_model, server_factory, tmp_path):
+    """The decode worker reads its internal certificate and CA bundle again (--tls-refresh-seconds 1):
+    - its certificate rotated to one a new CA signed: a client trusting only the new CA gets in, one
+      trusting only the old CA no longer does;
+    - then its CA bundle rotated to the new CA (which now signs the other roles too): a client with
+      a certificate of the new CA gets in, one with the old CA's certificate no longer does."""
+    crt, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    for src, dst in ((pki.roles["decode"][0], crt), (pki.roles["decode"][1], key), (pki.internal_ca[0], ca)):
+        dst.write_bytes(src.read_bytes())
+    decode = server_factory(test_model, "--internal-tls-cert", crt, "--internal-tls-key", key, "--internal-tls-ca", ca,
+                            "--tls-refresh-seconds", "1", subcommand=("serve", "--role", "decode"))
+    new_ca = pki.ca("baton-internal-ca-2")
+    new_decode = pki.leaf("baton-decode-2", new_ca)
+    new_frontend = pki.leaf("baton-frontend-2", new_ca)
+
+    def get_load(trust, leaf):
+        # A connection of its own (no subchannel shared with an earlier channel).
+        with grpc.secure_channel(decode.address, creds(trust, leaf), options=[("grpc.use_local_subchannel_pool", 1)]) \
+                as ch:
+            try:
+                pb.worker_grpc.DecodeWorkerStub(ch).GetLoad(pb.worker.LoadRequest(), timeout=5)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+    def eventually(trust, leaf, want, what):
+        deadline = time.time() + 15
+        while (got := get_load(trust, leaf)) != want:
+            assert time.time() < deadline, f"{what}: still {got} after 15 s"
+            time.sleep(0.2)
+
+    old = pki.roles["frontend"]
+    assert get_load(pki.internal_ca, old) == grpc.StatusCode.OK
+    assert get_load(new_ca, old) == grpc.StatusCode.UNAVAILABLE
+    replace_file(new_decode[1], key)
+    replace_file(new_decode[0], crt)
+    eventually(new_ca, old, grpc.StatusCode.OK, "the rotated certificate")
+    assert get_load(pki.internal_ca, old) == grpc.StatusCode.UNAVAILABLE  # the old CA no longer verifies it
+
+    assert get_load(new_ca, new_frontend) == grpc.StatusCode.UNAVAILABLE  # not yet a member
+    replace_file(new_ca[0], ca)
+    eventually(new_ca, new_frontend, grpc.StatusCode.OK, "the rotated CA bundle")
+    assert get_load(new_ca, old) == grpc.StatusCode.UNAVAILABLE  # the old CA's certificates are out

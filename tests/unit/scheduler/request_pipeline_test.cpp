@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <set>
 
 #include "scheduler/request_pipeline.h"
@@ -285,12 +286,18 @@ struct World {
   PipelineDeps deps;
   std::vector<std::string> prefill_addrs, decode_addrs;
 
+  // `ip_addresses`: workers at 10.0.1.i:50051 (prefill) and 10.0.2.i:50051 (decode), else p:i, d:i.
   // local_prefill: decode workers prefill prompts of up to this many tokens themselves (and the
   // scheduler sends them there).
-  World(int n_prefill, int n_decode, int32_t max_failovers = 2, SchedulerConfig sc = {}, int32_t local_prefill = 0)
+  World(int n_prefill, int n_decode, int32_t max_failovers = 2, SchedulerConfig sc = {}, bool ip_addresses = false,
+        int32_t local_prefill = 0)
       : h(with_local(sc, local_prefill)), local_prefill_(local_prefill) {
-    for (int i = 0; i < n_prefill; ++i) prefill_addrs.push_back("p:" + std::to_string(i));
-    for (int i = 0; i < n_decode; ++i) decode_addrs.push_back("d:" + std::to_string(i));
+    for (int i = 0; i < n_prefill; ++i) {
+      prefill_addrs.push_back(ip_addresses ? "10.0.1." + std::to_string(i) + ":50051" : "p:" + std::to_string(i));
+    }
+    for (int i = 0; i < n_decode; ++i) {
+      decode_addrs.push_back(ip_addresses ? "10.0.2." + std::to_string(i) + ":50051" : "d:" + std::to_string(i));
+    }
     deps.scheduler = &h.sched;
     deps.registry = &h.registry;
     deps.client = &workers;
@@ -321,8 +328,9 @@ struct World {
   }
 
   std::shared_ptr<RequestPipeline> start(const std::shared_ptr<RecordingSink>& sink, std::vector<int32_t> prompt,
-                                         int32_t max_tokens, bool ignore_eos = false) {
+                                         int32_t max_tokens, bool ignore_eos = false, std::string label = "") {
     PipelineRequest r;
+    r.label = std::move(label);
     r.prompt_ids = std::move(prompt);
     r.max_tokens = max_tokens;
     r.ignore_eos = ignore_eos;
@@ -576,7 +584,7 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
     // decode workers themselves, the rest go through prefill workers.
     const int32_t local = round % 2 == 1 ? 6 : 0;
     INFO("round " << round << " (seed " << seed << "), local prefill up to " << local);
-    World w(2 + static_cast<int>(rng() % 2), 2 + static_cast<int>(rng() % 2), /*max_failovers=*/3, {}, local);
+    World w(2 + static_cast<int>(rng() % 2), 2 + static_cast<int>(rng() % 2), /*max_failovers=*/3, {}, false, local);
     struct Req {
       std::shared_ptr<RecordingSink> sink;
       std::shared_ptr<RequestPipeline> p;
@@ -648,7 +656,7 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
 TEST_CASE("pipeline: local prefill on the decode worker, colocated: no prefill worker, failover included",
           "[pipeline][local]") {
   std::mt19937 rng(test_seed("pipeline local prefill"));
-  World w(/*n_prefill=*/0, /*n_decode=*/2, /*max_failovers=*/2, {}, /*local_prefill=*/1 << 20);
+  World w(/*n_prefill=*/0, /*n_decode=*/2, /*max_failovers=*/2, {}, false, /*local_prefill=*/1 << 20);
   for (int i = 0; i < 10; ++i) {
     auto sink = std::make_shared<RecordingSink>();
     const auto prompt = prompt_without_eos(rng, 12);
@@ -681,4 +689,84 @@ TEST_CASE("pipeline: local prefill on the decode worker, colocated: no prefill w
     for (const auto& [id, c] : w.workers.calls) CHECK(c->kind != FakeWorkers::Call::Kind::kPrefill);
   }
   w.check_clean();
+}
+
+TEST_CASE("pipeline: what a client reads names the request by its label, never an attempt id or a worker address",
+          "[pipeline]") {
+  // Workers' and gRPC's messages name the attempt id, the worker's own address and peers' IP
+  // addresses; none of it may reach the client's status or failover history.
+  using Kind = FakeWorkers::Call::Kind;
+  struct Case {
+    const char* name;
+    int32_t max_failovers;
+    PipelineState at;  // the state the fault is injected in
+    Kind kind;         // on which call
+    StatusCode code;   // what the worker says
+    int n_faults;      // on consecutive attempts
+    StatusCode ends;   // how the request ends
+    const char* role;  // what the client's text names instead
+  };
+  const Case cases[] = {
+      {"decode stream breaks, no failover left", 0, PipelineState::kDecoding, Kind::kStream, StatusCode::kUnavailable,
+       1, StatusCode::kUnavailable, "the decode worker"},
+      {"decode stream breaks on both attempts", 1, PipelineState::kDecoding, Kind::kStream, StatusCode::kUnavailable, 2,
+       StatusCode::kUnavailable, "the decode worker"},
+      {"decode stream breaks, the failover finishes", 2, PipelineState::kDecoding, Kind::kStream,
+       StatusCode::kUnavailable, 1, StatusCode::kOk, "the decode worker"},
+      {"decode worker INTERNAL", 2, PipelineState::kDecoding, Kind::kStream, StatusCode::kInternal, 1,
+       StatusCode::kInternal, "decode failed"},
+      {"decode worker refuses the Admit", 2, PipelineState::kAdmitting, Kind::kAdmit, StatusCode::kInvalidArgument, 1,
+       StatusCode::kInvalidArgument, "the decode worker refused"},
+      {"prefill worker refuses", 2, PipelineState::kPrefilling, Kind::kPrefill, StatusCode::kFailedPrecondition, 1,
+       StatusCode::kFailedPrecondition, "prefill failed"},
+      {"prefill worker fails, no failover left", 0, PipelineState::kPrefilling, Kind::kPrefill, StatusCode::kDataLoss,
+       1, StatusCode::kUnavailable, "the prefill worker"},
+  };
+  std::mt19937 rng(test_seed("pipeline client text"));
+  const std::string label = "client-req-" + std::to_string(rng() % 1000);
+  const std::regex attempt_id_like("[0-9a-f]{32}");
+  for (const Case& c : cases) {
+    INFO(c.name);
+    World w(2, 2, c.max_failovers, {}, /*ip_addresses=*/true);
+    auto sink = std::make_shared<RecordingSink>();
+    const auto prompt = prompt_without_eos(rng, 30);
+    auto p = w.start(sink, prompt, 30, false, label);
+    std::vector<std::string> ids;
+    for (int fault = 0; fault < c.n_faults; ++fault) {
+      // Step until a new attempt is in the state, then fail its call.
+      for (int guard = 0; guard < 1000; ++guard) {
+        if (p->state() == c.at && (ids.empty() || p->attempt_id() != ids.back())) break;
+        const auto ready = w.workers.ready();
+        if (ready.empty()) {
+          w.poll();
+          continue;
+        }
+        w.workers.step(ready.front());
+      }
+      REQUIRE(p->state() == c.at);
+      const std::string id = p->attempt_id();
+      ids.push_back(id);
+      FakeWorkers::Call* call = nullptr;
+      for (auto& [n, open] : w.workers.calls) {
+        if (open->request_id == id && open->kind == c.kind) call = open.get();
+      }
+      REQUIRE(call != nullptr);
+      call->inject = Status(c.code, "request " + id + " on worker " + call->address +
+                                        ": connection to ipv4:10.0.2.9:41234 lost (peer ipv6:[fd00::2]:50051, " +
+                                        "ipv6:%5Bfd00::3%5D:50051, 10.0.1.7)");
+    }
+    w.run(&rng);
+    REQUIRE(sink->n_end == 1);
+    CHECK(sink->status.code() == c.ends);
+    std::string text = sink->status.message();
+    for (const auto& h : sink->outcome.failover_history) text += "\n" + h;
+    INFO("the client reads: " << text);
+    CHECK(contains(text, label));  // where the worker named the attempt
+    CHECK(contains(text, c.role));
+    for (const auto& id : ids) CHECK_FALSE(contains(text, id));
+    CHECK_FALSE(std::regex_search(text, attempt_id_like));
+    for (const char* address : {"10.0.", "fd00", "41234", "%5B"}) CHECK_FALSE(contains(text, address));
+    CHECK(sink->outcome.failovers == static_cast<int32_t>(sink->outcome.failover_history.size()));
+    w.check_clean();
+  }
 }
