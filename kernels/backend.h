@@ -168,14 +168,20 @@ class Backend {
   // ---- weights ----
   // `host` is f32 [rows, cols], row-major.
   virtual std::unique_ptr<Matrix> make_matrix(const float* host, int64_t rows, int64_t cols, MatrixUse use) = 0;
-  // A gemm weight kept in the model file's quantised blocks ("native" weights): `blocks` are
-  // `rows` rows of GGUF blocks of type `ggml_type` (model/gguf.h's GgmlType), `cols` per row.
-  // With `dense` (the same weight as f32 [rows, cols]), a dense copy is kept too and serves steps
-  // of more than kNativeMaxRows tokens (prefill), where dense GEMMs are faster. nullptr when this
-  // backend has no kernel for that type or shape (then use make_matrix).
+  // A gemm weight kept in the model file's quantised blocks ("native" weights), stacked by rows
+  // from `parts` (q, k and v, say, which a file may hold in different types): each is `rows` rows
+  // of GGUF blocks of type `ggml_type` (model/gguf.h's GgmlType), `cols` per row. With `dense`
+  // (the whole weight as f32 [Σ rows, cols]), a dense copy is kept too and serves steps of more
+  // than kNativeMaxRows tokens (prefill), where dense GEMMs are faster. nullptr when this backend
+  // has no kernel for some part's type or shape (then use make_matrix).
+  struct QuantizedPart {
+    uint32_t ggml_type = 0;
+    std::span<const uint8_t> blocks;
+    int64_t rows = 0;
+  };
   static constexpr int64_t kNativeMaxRows = 32;
-  virtual std::unique_ptr<Matrix> make_quantized_matrix(uint32_t ggml_type, std::span<const uint8_t> blocks,
-                                                        int64_t rows, int64_t cols, const float* dense = nullptr) {
+  virtual std::unique_ptr<Matrix> make_quantized_matrix(std::span<const QuantizedPart> parts, int64_t cols,
+                                                        const float* dense = nullptr) {
     return nullptr;
   }
   // True when gemm on make_quantized_matrix weights is faster than on dense ones for decode-sized

@@ -64,12 +64,95 @@ void dequant_q8_0(const uint8_t* b, float* y) {
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
+// ---- K-quants: super-blocks of 256 (ggml's block_q4_K, block_q5_K, block_q6_K) ---------------
+
+// Sub-block j's (0..7) 6-bit scale and minimum, packed in 12 bytes: j < 4 in the low six bits of
+// bytes j and j + 4; j >= 4 split between the low or high nibble of byte j + 4 and the top two
+// bits of bytes j - 4 and j.
+void k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// Q4_K (144 bytes): d, dmin (fp16), 12 bytes of scales, 128 bytes of 4-bit values. Per 64
+// elements, 32 bytes: low nibbles are the first 32 (sub-block 2i), high nibbles the next 32.
+// value = d·sc·q − dmin·m.
+void dequant_q4_k(const uint8_t* b, float* y) {
+  const float d = load_fp16(b), dmin = load_fp16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t sc, m;
+    k_scale_min(2 * i, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    k_scale_min(2 * i + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) y[64 * i + l] = d1 * static_cast<float>(q[32 * i + l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) y[64 * i + 32 + l] = d2 * static_cast<float>(q[32 * i + l] >> 4) - m2;
+  }
+}
+
+// Q5_K (176 bytes): as Q4_K plus a fifth bit per value in 32 bytes qh (bit 2i for the low-nibble
+// half of the i-th 64, bit 2i + 1 for the high one).
+void dequant_q5_k(const uint8_t* b, float* y) {
+  const float d = load_fp16(b), dmin = load_fp16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* q = b + 48;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t sc, m;
+    k_scale_min(2 * i, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    k_scale_min(2 * i + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    const uint8_t u1 = static_cast<uint8_t>(1u << (2 * i)), u2 = static_cast<uint8_t>(2u << (2 * i));
+    for (int l = 0; l < 32; ++l) {
+      y[64 * i + l] = d1 * static_cast<float>((q[32 * i + l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      y[64 * i + 32 + l] = d2 * static_cast<float>((q[32 * i + l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+    }
+  }
+}
+
+// Q6_K (210 bytes): 128 bytes of low nibbles ql, 64 bytes of high bit pairs qh, 16 int8 scales
+// (one per 16 elements), d (fp16). value = d·sc[e / 16]·(q − 32), q in 0..63.
+void dequant_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = load_fp16(b + 208);
+  for (int half = 0; half < 2; ++half) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
 }  // namespace
 
 bool ggml_type_supported(GgmlType type) {
   switch (type) {
     case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0:
     case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
       return true;
     default:
       return false;
@@ -79,7 +162,7 @@ bool ggml_type_supported(GgmlType type) {
 Status dequantize(GgmlType type, std::span<const uint8_t> src, float* dst, int64_t n) {
   if (!ggml_type_supported(type)) {
     return unimplemented(std::string("tensor type ") + ggml_type_name(type) +
-                         " is not supported (baton reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)");
+                         " is not supported (baton reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
   }
   GgmlTypeTraits t = ggml_type_traits(type);
   BATON_CHECK(n % t.block_elems == 0, "n=%ld is not a multiple of the block size", static_cast<long>(n));
@@ -106,8 +189,12 @@ Status dequantize(GgmlType type, std::span<const uint8_t> src, float* dst, int64
       if (type == GgmlType::kQ5_0) fn = dequant_q5_0;
       if (type == GgmlType::kQ5_1) fn = dequant_q5_1;
       if (type == GgmlType::kQ8_0) fn = dequant_q8_0;
+      if (type == GgmlType::kQ4_K) fn = dequant_q4_k;
+      if (type == GgmlType::kQ5_K) fn = dequant_q5_k;
+      if (type == GgmlType::kQ6_K) fn = dequant_q6_k;
+      const int64_t elems = t.block_elems;
 #pragma omp parallel for schedule(static)
-      for (int64_t b = 0; b < static_cast<int64_t>(n_blocks); ++b) fn(s + b * t.block_bytes, dst + b * 32);
+      for (int64_t b = 0; b < static_cast<int64_t>(n_blocks); ++b) fn(s + b * t.block_bytes, dst + b * elems);
     }
   }
   return {};

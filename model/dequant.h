@@ -11,7 +11,8 @@
 
 namespace baton {
 
-// True for the types baton can dequantise: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+// True for the types baton can dequantise: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+// Q5_K, Q6_K.
 bool ggml_type_supported(GgmlType type);
 
 // Converts `n` elements (a multiple of the type's block size) from `src` to `dst`.

@@ -69,7 +69,20 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<uint6
   for (uint64_t d : dims) n *= d;
   BATON_CHECK(n == data.size(), "tensor '%s' has %zu values for %lu elements", name.c_str(), data.size(),
               static_cast<unsigned long>(n));
-  tensors_.push_back({name, dims, std::move(data)});
+  std::vector<uint8_t> bytes(data.size() * 4);
+  std::memcpy(bytes.data(), data.data(), bytes.size());
+  tensors_.push_back({name, dims, GgmlType::kF32, std::move(bytes)});
+}
+
+void GgufWriter::add_tensor_raw(const std::string& name, const std::vector<uint64_t>& dims, GgmlType type,
+                                std::vector<uint8_t> bytes) {
+  uint64_t n = 1;
+  for (uint64_t d : dims) n *= d;
+  const GgmlTypeTraits t = ggml_type_traits(type);
+  BATON_CHECK(t.block_elems > 0 && n % t.block_elems == 0 && bytes.size() == n / t.block_elems * t.block_bytes,
+              "tensor '%s': %zu bytes do not hold %lu elements of %s", name.c_str(), bytes.size(),
+              static_cast<unsigned long>(n), ggml_type_name(type));
+  tensors_.push_back({name, dims, type, std::move(bytes)});
 }
 
 std::vector<uint8_t> GgufWriter::to_bytes() const {
@@ -84,14 +97,13 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
     put_string(out, t.name);
     put<uint32_t>(out, static_cast<uint32_t>(t.dims.size()));
     for (uint64_t d : t.dims) put(out, d);
-    put<uint32_t>(out, static_cast<uint32_t>(GgmlType::kF32));
+    put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
-    offset += (t.data.size() * 4 + kAlignment - 1) / kAlignment * kAlignment;
+    offset += (t.bytes.size() + kAlignment - 1) / kAlignment * kAlignment;
   }
   out.resize((out.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
   for (const TensorEntry& t : tensors_) {
-    const auto* b = reinterpret_cast<const uint8_t*>(t.data.data());
-    out.insert(out.end(), b, b + t.data.size() * 4);
+    out.insert(out.end(), t.bytes.begin(), t.bytes.end());
     out.resize((out.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
   }
   return out;

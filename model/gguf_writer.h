@@ -1,4 +1,4 @@
-// Writes GGUF v3 files: metadata and F32 tensors. Used by `baton tools make-test-model`, by
+// Writes GGUF v3 files: metadata and tensors (F32, or blocks of any type already encoded). Used by `baton tools make-test-model`, by
 // tests that craft files (good and bad), and for the fuzzer's seed corpus.
 #pragma once
 
@@ -22,6 +22,10 @@ class GgufWriter {
   void add_i32_array(const std::string& key, const std::vector<int32_t>& values);
   // A tensor of `dims` (ggml order: dims[0] fastest) holding `data` (product of dims floats).
   void add_tensor_f32(const std::string& name, const std::vector<uint64_t>& dims, std::vector<float> data);
+  // A tensor of `dims` stored as `bytes` of ggml `type` (e.g. K-quant blocks): exactly the bytes
+  // the type's blocks take for the product of dims elements.
+  void add_tensor_raw(const std::string& name, const std::vector<uint64_t>& dims, GgmlType type,
+                      std::vector<uint8_t> bytes);
 
   std::vector<uint8_t> to_bytes() const;
   Status write(const std::string& path) const;
@@ -30,7 +34,8 @@ class GgufWriter {
   struct TensorEntry {
     std::string name;
     std::vector<uint64_t> dims;
-    std::vector<float> data;
+    GgmlType type = GgmlType::kF32;
+    std::vector<uint8_t> bytes;
   };
   void key(const std::string& k, GgufType type);
 

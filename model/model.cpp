@@ -123,29 +123,22 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
   const bool native = weights_ != Weights::kDense;
   int64_t rows = 0;
   std::vector<float> dense;
-  std::vector<uint8_t> blocks;
-  std::optional<GgmlType> type;
-  bool same_type = true;
+  std::vector<Backend::QuantizedPart> quantized;
   for (const auto& [name, part_rows] : parts) {
     // Checks shape and that every value is finite.
     BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols, &finite_check_seconds_));
     rows += part_rows;
     const GgufTensorInfo& info = *f.tensor(name);
-    if (native) {
-      same_type = same_type && (!type || *type == info.type);
-      type = info.type;
-      const auto bytes = f.tensor_data(info);
-      blocks.insert(blocks.end(), bytes.begin(), bytes.end());
-    }
+    if (native) quantized.push_back({static_cast<uint32_t>(info.type), f.tensor_data(info), part_rows});
     if (dense.empty()) {
       dense = std::move(values);
     } else {
       dense.insert(dense.end(), values.begin(), values.end());
     }
   }
-  if (native && same_type) {
+  if (native) {
     const float* keep_dense = weights_ == Weights::kNativeAndDense ? dense.data() : nullptr;
-    if (auto m = backend_.make_quantized_matrix(static_cast<uint32_t>(*type), blocks, rows, cols, keep_dense)) {
+    if (auto m = backend_.make_quantized_matrix(quantized, cols, keep_dense)) {
       ++n_native_;
       return m;
     }

@@ -1,8 +1,11 @@
 #include "model/test_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
+
+#include "model/kquant_encode.h"
 
 namespace baton {
 namespace {
@@ -38,6 +41,13 @@ Status validate_test_model_spec(const TestModelSpec& s) {
   if (s.dim % s.n_heads != 0) return invalid_argument("--dim must be a multiple of --heads");
   if (s.n_heads % s.n_kv_heads != 0) return invalid_argument("--heads must be a multiple of --kv-heads");
   if ((s.dim / s.n_heads) % 2 != 0) return invalid_argument("the head dim (dim / heads) must be even");
+  const std::vector<std::string> types = {"f32", "q4_k", "q5_k", "q6_k", "mixed"};
+  if (std::find(types.begin(), types.end(), s.gemm_type) == types.end()) {
+    return invalid_argument("--gemm-type must be f32, q4_k, q5_k, q6_k or mixed");
+  }
+  if (s.gemm_type != "f32" && (s.dim % 256 != 0 || s.ffn_dim % 256 != 0)) {
+    return invalid_argument("K-quant GEMM weights need --dim and --ffn to be multiples of 256");
+  }
   return {};
 }
 
@@ -109,23 +119,39 @@ GgufWriter make_test_model(const TestModelSpec& s) {
   w.add_tensor_f32("token_embd.weight", {d, v}, normal(d * v, 1.0));
   w.add_tensor_f32("output_norm.weight", {d}, around_one(d));
   if (!s.tied_output) w.add_tensor_f32("output.weight", {d, v}, normal(d * v, 1.0 / std::sqrt(s.dim)));
+  // A layer's GEMM weight, in the spec's type.
+  auto gemm = [&](const std::string& name, const std::vector<uint64_t>& dims, std::vector<float> values) {
+    std::string type = s.gemm_type;
+    if (type == "mixed") {
+      const bool high = name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight");
+      type = high ? "q6_k" : "q4_k";
+    }
+    if (type == "f32") {
+      w.add_tensor_f32(name, dims, std::move(values));
+      return;
+    }
+    const GgmlType t = type == "q4_k" ? GgmlType::kQ4_K : type == "q5_k" ? GgmlType::kQ5_K : GgmlType::kQ6_K;
+    auto bytes = encode_kquant(t, values);
+    BATON_CHECK(bytes.ok(), "%s", bytes.status().to_string().c_str());
+    w.add_tensor_raw(name, dims, t, std::move(*bytes));
+  };
   for (int l = 0; l < s.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const double in_d = 1.0 / std::sqrt(static_cast<double>(s.dim));
     w.add_tensor_f32(p + "attn_norm.weight", {d}, around_one(d));
-    w.add_tensor_f32(p + "attn_q.weight", {d, d}, normal(d * d, in_d * 2.0));
-    w.add_tensor_f32(p + "attn_k.weight", {d, kv}, normal(d * kv, in_d * 2.0));
-    w.add_tensor_f32(p + "attn_v.weight", {d, kv}, normal(d * kv, in_d));
+    gemm(p + "attn_q.weight", {d, d}, normal(d * d, in_d * 2.0));
+    gemm(p + "attn_k.weight", {d, kv}, normal(d * kv, in_d * 2.0));
+    gemm(p + "attn_v.weight", {d, kv}, normal(d * kv, in_d));
     if (s.arch == "qwen2") {
       w.add_tensor_f32(p + "attn_q.bias", {d}, normal(d, 0.1));
       w.add_tensor_f32(p + "attn_k.bias", {kv}, normal(kv, 0.1));
       w.add_tensor_f32(p + "attn_v.bias", {kv}, normal(kv, 0.1));
     }
-    w.add_tensor_f32(p + "attn_output.weight", {d, d}, normal(d * d, in_d));
+    gemm(p + "attn_output.weight", {d, d}, normal(d * d, in_d));
     w.add_tensor_f32(p + "ffn_norm.weight", {d}, around_one(d));
-    w.add_tensor_f32(p + "ffn_gate.weight", {d, f}, normal(d * f, in_d));
-    w.add_tensor_f32(p + "ffn_up.weight", {d, f}, normal(d * f, in_d));
-    w.add_tensor_f32(p + "ffn_down.weight", {f, d}, normal(f * d, 1.0 / std::sqrt(static_cast<double>(s.ffn_dim))));
+    gemm(p + "ffn_gate.weight", {d, f}, normal(d * f, in_d));
+    gemm(p + "ffn_up.weight", {d, f}, normal(d * f, in_d));
+    gemm(p + "ffn_down.weight", {f, d}, normal(f * d, 1.0 / std::sqrt(static_cast<double>(s.ffn_dim))));
   }
   return w;
 }

@@ -1,5 +1,5 @@
-// A small random Llama-family model written as GGUF (F32), with a byte-level BPE vocabulary of
-// its own: fast, self-contained input for unit and integration tests.
+// A small random Llama-family model written as GGUF (F32, or K-quant GEMM weights), with a
+// byte-level BPE vocabulary of its own: fast, self-contained input for unit and integration tests.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,10 @@ struct TestModelSpec {
   // token's own embedding (it echoes its input whatever the context), which would hide KV bugs.
   bool tied_output = false;
   float rope_theta = 10000.0f;
+  // The layers' GEMM weights: "f32", or K-quant blocks (model/kquant_encode.h) of the random
+  // values: "q4_k", "q5_k", "q6_k", or "mixed" (Q6_K for attn_v and ffn_down, Q4_K for the rest,
+  // as llama.cpp's Q4_K_M mixes them). K-quants need dim and ffn to be multiples of 256.
+  std::string gemm_type = "f32";
 };
 
 // INVALID_ARGUMENT when the spec is inconsistent (dims not divisible, non-positive sizes).

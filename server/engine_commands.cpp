@@ -268,6 +268,7 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   mk->add_option("--ffn", spec->ffn_dim, "Feed-forward width");
   mk->add_option("--ctx", spec->n_ctx, "Context length");
   mk->add_option("--rope-theta", spec->rope_theta, "RoPE base");
+  mk->add_option("--gemm-type", spec->gemm_type, "The layers' GEMM weights: f32, q4_k, q5_k, q6_k or mixed");
   auto tied = std::make_shared<bool>(false);
   mk->add_flag("--tied", *tied, "LM head tied to the embeddings instead of a separate output.weight");
   mk->callback([=] {

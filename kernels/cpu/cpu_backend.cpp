@@ -72,11 +72,13 @@ class CpuGemmMatrix final : public Matrix {
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, dnnl::matmul> primitives;
 };
 
-// A gemm weight in the model file's quantised blocks, repacked (kernels/cpu/quant_gemm.h).
+// A gemm weight in the model file's quantised blocks, repacked (kernels/cpu/quant_gemm.h): one
+// QuantWeights per stacked part, its outputs the next columns of y.
 class CpuQuantMatrix final : public Matrix {
  public:
-  explicit CpuQuantMatrix(cpu::QuantWeights w) : Matrix(w.n, w.k), weights(std::move(w)) {}
-  cpu::QuantWeights weights;
+  CpuQuantMatrix(std::vector<cpu::QuantWeights> w, int64_t rows, int64_t cols)
+      : Matrix(rows, cols), parts(std::move(w)) {}
+  std::vector<cpu::QuantWeights> parts;
   std::unique_ptr<Matrix> dense;  // for steps of more than kNativeMaxRows rows; may be null
 };
 
@@ -164,12 +166,19 @@ class CpuBackend final : public Backend {
     return m;
   }
 
-  std::unique_ptr<Matrix> make_quantized_matrix(uint32_t ggml_type, std::span<const uint8_t> blocks, int64_t rows,
-                                                int64_t cols, const float* dense) override {
-    if (!cpu::quant_type_supported(ggml_type)) return nullptr;
-    auto w = cpu::repack_quant(ggml_type, blocks, rows, cols);
-    if (!w.ok()) return nullptr;
-    auto m = std::make_unique<CpuQuantMatrix>(std::move(*w));
+  std::unique_ptr<Matrix> make_quantized_matrix(std::span<const QuantizedPart> parts, int64_t cols,
+                                                const float* dense) override {
+    std::vector<cpu::QuantWeights> repacked;
+    int64_t rows = 0;
+    for (const QuantizedPart& p : parts) {
+      if (!cpu::quant_type_supported(p.ggml_type)) return nullptr;
+      auto w = cpu::repack_quant(p.ggml_type, p.blocks, p.rows, cols);
+      if (!w.ok()) return nullptr;
+      repacked.push_back(std::move(*w));
+      rows += p.rows;
+    }
+    if (repacked.empty()) return nullptr;
+    auto m = std::make_unique<CpuQuantMatrix>(std::move(repacked), rows, cols);
     if (dense != nullptr) m->dense = make_matrix(dense, rows, cols, MatrixUse::kGemm);
     return m;
   }
@@ -186,7 +195,11 @@ class CpuBackend final : public Backend {
         return;
       }
       const float* b = bias ? static_cast<const CpuVector*>(bias)->data.data() : nullptr;
-      cpu::quant_gemm(x, q->weights, b, y, accumulate);
+      int64_t col = 0;
+      for (const cpu::QuantWeights& part : q->parts) {
+        cpu::quant_gemm(x, part, b ? b + col : nullptr, y.col_slice(col, part.n), accumulate);
+        col += part.n;
+      }
       return;
     }
     auto& w = const_cast<CpuGemmMatrix&>(dynamic_cast<const CpuGemmMatrix&>(w_base));

@@ -570,9 +570,9 @@ class NanLogitsBackend final : public Backend {
   std::unique_ptr<Matrix> make_matrix(const float* host, int64_t rows, int64_t cols, MatrixUse use) override {
     return inner_->make_matrix(host, rows, cols, use);
   }
-  std::unique_ptr<Matrix> make_quantized_matrix(uint32_t type, std::span<const uint8_t> blocks, int64_t rows,
-                                                int64_t cols, const float* dense) override {
-    return inner_->make_quantized_matrix(type, blocks, rows, cols, dense);
+  std::unique_ptr<Matrix> make_quantized_matrix(std::span<const QuantizedPart> parts, int64_t cols,
+                                                const float* dense) override {
+    return inner_->make_quantized_matrix(parts, cols, dense);
   }
   bool native_weights_fast() const override { return inner_->native_weights_fast(); }
   std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& config) override { return inner_->make_kv_cache(config); }

@@ -1,4 +1,4 @@
-// Native (quantised) weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q8_0) against a
+// Native (quantised) weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) against a
 // reference that dequantises the same blocks (model/dequant.cpp) and quantises the activations
 // the way the kernel documents, summed in double; the fast (AVX-512 VNNI) and portable kernels
 // both; shapes with row counts that are not multiples of the row tile; bias and accumulate; and
@@ -18,9 +18,12 @@ using namespace baton;
 
 namespace {
 
-constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
-size_t block_bytes(uint32_t type) { return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : 34; }
+size_t block_bytes(uint32_t type) {
+  return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+}
+int64_t block_elems(uint32_t type) { return type == kQ4_K || type == kQ6_K ? 256 : 32; }
 
 void put_fp16(uint8_t* p, float v) {
   const uint16_t h = fp32_to_fp16(v);
@@ -32,9 +35,21 @@ std::vector<uint8_t> random_blocks(uint32_t type, int64_t n, int64_t k, std::mt1
   std::uniform_real_distribution<float> scale(0.001f, 0.05f), minimum(-0.4f, 0.1f);
   std::uniform_int_distribution<int> byte(0, 255);
   const size_t bb = block_bytes(type);
-  std::vector<uint8_t> out(static_cast<size_t>(n * k / 32) * bb);
+  std::vector<uint8_t> out(static_cast<size_t>(n * k / block_elems(type)) * bb);
   for (size_t b = 0; b < out.size() / bb; ++b) {
     uint8_t* p = out.data() + b * bb;
+    if (type == kQ4_K || type == kQ6_K) {
+      // Every byte random (any scales, minimums and quants are a valid block), then the fp16
+      // super-block scales set to realistic values (a random fp16 could be infinite).
+      for (size_t i = 0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+      if (type == kQ4_K) {
+        put_fp16(p, scale(rng) / 8);     // d: times a 6-bit sub-block scale
+        put_fp16(p + 2, scale(rng) / 8);  // dmin
+      } else {
+        put_fp16(p + 208, (byte(rng) & 1 ? 1 : -1) * scale(rng) / 16);  // d: times an int8 scale
+      }
+      continue;
+    }
     put_fp16(p, (byte(rng) & 1 ? 1 : -1) * scale(rng));
     size_t q0 = 2;
     if (type == kQ4_1) {
@@ -122,12 +137,18 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
   const unsigned seed = rd();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
-  for (uint32_t type : {kQ4_0, kQ4_1, kQ8_0}) {
+  for (uint32_t type : {kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ6_K}) {
     for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 96, 576}, {2, 13, 64}, {3, 40, 1536}, {4, 7, 128}, {5, 33, 576}, {8, 96, 192}, {17, 20, 576}, {33, 9, 256}}) {
+      if (k % block_elems(type) != 0) continue;
       check_case({type, m, n, k}, rng, /*portable=*/false);
       check_case({type, m, n, k}, rng, /*portable=*/true);
     }
+  }
+  for (uint32_t type : {kQ4_K, kQ6_K}) {
+    check_case({type, 1, 64, 2048}, rng, false);
+    check_case({type, 6, 50, 768}, rng, false);
+    check_case({type, 6, 50, 768}, rng, true);
   }
   // Big enough that the OpenMP team splits the rows.
   check_case({kQ4_1, 2, 3000, 576}, rng, false);
@@ -136,8 +157,10 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
 TEST_CASE("native weights: what does not repack is refused", "[kernels][quant]") {
   std::mt19937 rng(1);
   CHECK_FALSE(cpu::quant_type_supported(0));   // f32
-  CHECK_FALSE(cpu::quant_type_supported(12));  // Q4_K: no kernel yet
-  CHECK(cpu::repack_quant(12, {}, 1, 64).status().code() == StatusCode::kInvalidArgument);
+  CHECK_FALSE(cpu::quant_type_supported(13));  // Q5_K: no kernel
+  CHECK(cpu::repack_quant(13, {}, 1, 256).status().code() == StatusCode::kInvalidArgument);
+  CHECK(cpu::repack_quant(kQ4_K, random_blocks(kQ4_K, 1, 256, rng), 1, 128).status().code() ==
+        StatusCode::kInvalidArgument);  // a K-quant row is whole super-blocks of 256
   const auto blocks = random_blocks(kQ4_1, 2, 96, rng);
   CHECK(cpu::repack_quant(kQ4_1, blocks, 2, 96).status().code() == StatusCode::kInvalidArgument);  // 96 % 64
   const auto ok = random_blocks(kQ4_1, 2, 128, rng);

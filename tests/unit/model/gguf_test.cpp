@@ -192,7 +192,29 @@ TEST_CASE("dequantisation of ggml blocks", "[gguf]") {
   CHECK(out[0] == -16.0f);
   CHECK(out[16] == 0.0f);
 
-  CHECK(dequantize(GgmlType::kQ6_K, std::vector<uint8_t>(210), out.data(), 256).code() == StatusCode::kUnimplemented);
+  // Q4_K: sub-block 1 (elements 32..63, the high nibbles of the first 32 bytes) has scale 3 and
+  // minimum 2 (the low six bits of bytes 1 and 5 of the 12 scale bytes); d = 0.5, dmin = 0.25.
+  std::vector<uint8_t> q4k(144, 0);
+  poke<uint16_t>(q4k, 0, fp32_to_fp16(0.5f));
+  poke<uint16_t>(q4k, 2, fp32_to_fp16(0.25f));
+  q4k[4 + 1] = 3;
+  q4k[4 + 5] = 2;
+  for (int l = 0; l < 32; ++l) q4k[16 + l] = static_cast<uint8_t>((l % 16) << 4);
+  std::vector<float> out256(256);
+  REQUIRE(dequantize(GgmlType::kQ4_K, q4k, out256.data(), 256).ok());
+  for (int l = 0; l < 32; ++l) CHECK(out256[32 + l] == 0.5f * 3 * (l % 16) - 0.25f * 2);
+  CHECK(out256[0] == 0.0f);  // sub-block 0: scale and minimum 0
+  // Q6_K: element e has scale sc[e / 16]; q = low nibble | two high bits << 4, minus 32.
+  std::vector<uint8_t> q6k(210, 0);
+  poke<uint16_t>(q6k, 208, fp32_to_fp16(0.125f));
+  q6k[192 + 1] = static_cast<uint8_t>(static_cast<int8_t>(-4));  // elements 16..31
+  q6k[16] = 0x05;   // element 16: low nibble 5
+  q6k[128 + 16] = 0x02;  // its high bits: 2 → q = 0x25 = 37
+  REQUIRE(dequantize(GgmlType::kQ6_K, q6k, out256.data(), 256).ok());
+  CHECK(out256[16] == 0.125f * -4 * (37 - 32));
+  CHECK(out256[17] == 0.125f * -4 * -32);
+
+  CHECK(dequantize(GgmlType::kQ2_K, std::vector<uint8_t>(84), out256.data(), 256).code() == StatusCode::kUnimplemented);
 
   for (float x : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1e-5f}) CHECK(fp16_to_fp32(fp32_to_fp16(x)) == Approx(x).epsilon(1e-3));
   CHECK(fp16_to_fp32(fp32_to_fp16(3.0e-7f)) == 5 * 0x1.0p-24f);  // subnormal: nearest multiple of 2^-24
