@@ -253,6 +253,9 @@ void RequestPipeline::open_worker_calls_locked() {
   call.generated_ids = emitted_;
   call.sampling = req_.sampling;
   call.decode_address = attempt_.placement.decode_address;
+  // Before the call: the worker may start on it before prefill() returns, and its queue time is
+  // added to this (recorded after, a short prompt's queue + prefill came out longer than its TTFT).
+  if (attempt == 0) prefill_sent_ = deps_.clock->now();
   attempt_.prefill = deps_.client->prefill(
       attempt_.placement.prefill_address, call, req_.call_deadline,
       [weak, attempt](const PrefillUpdate& u) {
@@ -261,7 +264,6 @@ void RequestPipeline::open_worker_calls_locked() {
       [weak, attempt](const Status& s) {
         if (auto self = weak.lock()) self->on_prefill_done(attempt, s);
       });
-  if (attempt == 0) prefill_sent_ = deps_.clock->now();
 }
 
 void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u) {
