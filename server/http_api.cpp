@@ -238,6 +238,18 @@ Result<std::unique_ptr<HttpApi>> HttpApi::start(const HttpApiConfig& config, Fro
     if (Status st = frontend.health(); !st.ok()) return set_error_response(res, st);
     res.set_content(R"({"status":"ok"})", "application/json");
   });
+  // cpp-httplib 0.11 reads no body for GET, HEAD or OPTIONS: one sent anyway would be read as the
+  // connection's next request (behind a proxy, another client's). Refused, and the client told to
+  // close the connection.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const bool reads_body = req.method != "GET" && req.method != "HEAD" && req.method != "OPTIONS";
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (reads_body || !has_body) return httplib::Server::HandlerResponse::Unhandled;
+    set_error_response(res, invalid_argument("a " + req.method + " request carries no body; send fields with POST"));
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // the handlers' own errors
     set_error_response(res, routing_error(req, res.status), res.status);

@@ -441,9 +441,8 @@ std::string error_body(int http_status, const Status& status) {
   if (message.rfind("sampling.", 0) == 0) message.erase(0, 9);
   if (message.rfind("prompt_token_ids", 0) == 0) message.replace(0, 16, "prompt");
   const std::string param = param_of(message);
-  const char* type = "server_error";
+  const char* type = http_status >= 400 && http_status < 499 ? "invalid_request_error" : "server_error";
   switch (http_status) {
-    case 400: case 404: case 413: type = "invalid_request_error"; break;
     case 401: type = "authentication_error"; break;
     case 403: type = "permission_error"; break;
     case 429: type = "rate_limit_error"; break;
