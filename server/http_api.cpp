@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <httplib.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
@@ -50,30 +51,30 @@ Result<std::pair<std::string, int>> split_address(const std::string& address) {
   return std::make_pair(host, static_cast<int>(port));
 }
 
-std::string numeric_host(const sockaddr_storage& a, socklen_t len, int* port) {
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// As cpp-httplib writes addresses into Request::remote_addr / local_addr.
+std::string numeric_host(const sockaddr_storage& a, socklen_t len) {
   char host[NI_MAXHOST];
-  char serv[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, serv, sizeof serv,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
     return {};
   }
-  *port = std::atoi(serv);
   return host;
 }
 
-// True when `fd` is the TCP connection between these endpoints.
+// True when `fd` is the TCP connection between these endpoints (ports first: they are cheap).
 bool is_connection(int fd, const httplib::Request& req) {
   sockaddr_storage local{}, peer{};
   socklen_t local_len = sizeof local, peer_len = sizeof peer;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 || port_of(local) != req.local_port ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || port_of(peer) != req.remote_port) {
     return false;
   }
-  int local_port = -1, peer_port = -1;
-  const std::string local_host = numeric_host(local, local_len, &local_port);
-  const std::string peer_host = numeric_host(peer, peer_len, &peer_port);
-  return local_port == req.local_port && peer_port == req.remote_port && local_host == req.local_addr &&
-         peer_host == req.remote_addr;
+  return numeric_host(local, local_len) == req.local_addr && numeric_host(peer, peer_len) == req.remote_addr;
 }
 
 // The socket of the connection `req` came on, -1 when it cannot be told. cpp-httplib 0.11 does
