@@ -14,9 +14,9 @@ namespace {
 class HttpCall final : public PublicCall {
  public:
   HttpCall(FrontendContext& fc, OpenAiEndpoint endpoint, HttpCallEnv env)
-      : PublicCall(fc), env_(std::move(env)), created_(std::time(nullptr)) {
+      : PublicCall(fc), env_(std::move(env)) {
     header_.endpoint = endpoint;
-    header_.created = created_;
+    header_.created = std::time(nullptr);
     header_.model = fc.model->name;
     if (env_.live != nullptr) env_.live->fetch_add(1);
   }
@@ -45,8 +45,7 @@ class HttpCall final : public PublicCall {
   void send_whole(httplib::Response& res);
 
   const HttpCallEnv env_;
-  const int64_t created_;
-  ResponseHeader header_;
+  ResponseHeader header_;  // id set once the request is admitted
   bool stream_ = false;
   bool include_usage_ = false;
 
@@ -57,7 +56,7 @@ class HttpCall final : public PublicCall {
   bool got_tokens_ = false;   // the first token arrived
   bool ended_ = false;
   bool cancelling_ = false;   // cancel() called; its end follows
-  bool role_sent_ = false;    // chat stream: the first chunk (with the role) is out
+  bool role_sent_ = false;    // stream: the first chunk (chat: with the role) is out
   Status status_;
   PipelineOutcome outcome_;
 };
