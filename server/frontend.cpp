@@ -150,6 +150,13 @@ void Frontend::update_health_locked() {
   if (health_reporter_) health_reporter_(serving);
 }
 
+Status Frontend::health() const {
+  if (draining_) return unavailable("this frontend is shutting down");
+  if (!any_placeable(registry_->snapshot(WorkerRole::kPrefill))) return unavailable("no healthy prefill worker");
+  if (!any_placeable(registry_->snapshot(WorkerRole::kDecode))) return unavailable("no healthy decode worker");
+  return {};
+}
+
 void Frontend::update_gauges() {
   if (metrics_ == nullptr) return;
   const auto labels = Metrics::role_labels("frontend", context_.name);

@@ -51,6 +51,11 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   // role, not draining), and once at once with the current state.
   void set_health_reporter(std::function<void(bool)> report);
   int64_t n_in_flight() const { return live_calls_.load(); }
+  // OK while the frontend can serve; UNAVAILABLE saying why not (draining, no healthy prefill or
+  // decode worker). What grpc.health.v1 reports, for the HTTP API's /health.
+  Status health() const;
+  // What every public call shares (the HTTP API's calls are made over it too).
+  FrontendContext& context() { return context_; }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;

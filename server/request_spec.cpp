@@ -12,11 +12,14 @@ constexpr size_t kMaxRequestIdBytes = 128;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 
-// A client's string as an error message quotes it: bytes outside printable ASCII as \xNN, at
-// most kMaxEchoBytes characters of that between the quotes (so 16 bytes of a string that is all
-// escapes), and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB message and
-// log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
-constexpr size_t kMaxEchoBytes = 64;
+bool printable_ascii(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c < 0x21 || c > 0x7E) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 std::string quote_input(const std::string& s) {
   static const char* hex = "0123456789abcdef";
@@ -39,15 +42,6 @@ std::string quote_input(const std::string& s) {
   return out;
 }
 
-bool printable_ascii(const std::string& s) {
-  for (unsigned char c : s) {
-    if (c < 0x21 || c > 0x7E) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.n_vocab(); ++id) longest = std::max(longest, tokenizer.token_bytes(id).size());
@@ -55,7 +49,7 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
 }
 
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const ServedModel& m,
-                                        const std::string& generated_id, std::optional<int32_t> key_max_priority) {
+                                        const std::string& generated_id, const SpecOptions& options) {
   GenerateSpec spec;
   spec.request_id = r.request_id().empty() ? generated_id : r.request_id();
   if (spec.request_id.size() > kMaxRequestIdBytes || !printable_ascii(spec.request_id)) {
@@ -118,14 +112,16 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
   }
   if (spec.prompt_ids.empty()) return invalid_argument("the prompt is empty after tokenization");
 
-  if (r.max_tokens() <= 0) return invalid_argument("max_tokens must be >= 1, got " + std::to_string(r.max_tokens()));
-  const int64_t total = static_cast<int64_t>(spec.prompt_ids.size()) + r.max_tokens();
-  if (total > m.config.n_ctx) {
-    return invalid_argument("max_tokens " + std::to_string(r.max_tokens()) + " + prompt " +
-                            std::to_string(spec.prompt_ids.size()) + " tokens exceeds the context of " +
-                            std::to_string(m.config.n_ctx) + " tokens");
+  const int64_t n_prompt = static_cast<int64_t>(spec.prompt_ids.size());
+  if (r.max_tokens() < 0 || (r.max_tokens() == 0 && !options.max_tokens_zero_fills_context)) {
+    return invalid_argument("max_tokens must be >= 1, got " + std::to_string(r.max_tokens()));
   }
-  spec.max_tokens = r.max_tokens();
+  const int64_t max_tokens = r.max_tokens() > 0 ? r.max_tokens() : m.config.n_ctx - n_prompt;
+  if (max_tokens <= 0 || n_prompt + max_tokens > m.config.n_ctx) {
+    return invalid_argument("max_tokens " + std::to_string(max_tokens) + " + prompt " + std::to_string(n_prompt) +
+                            " tokens exceeds the context of " + std::to_string(m.config.n_ctx) + " tokens");
+  }
+  spec.max_tokens = static_cast<int32_t>(max_tokens);
 
   spec.sampling = sampling_from_proto(r.sampling());
   if (Status st = validate_sampling(spec.sampling); !st.ok()) return invalid_argument("sampling." + st.message());
@@ -144,6 +140,7 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     return invalid_argument("priority must be in [" + std::to_string(-kPriorityBound) + ", " +
                             std::to_string(kPriorityBound) + "], got " + std::to_string(r.priority()));
   }
+  const std::optional<int32_t>& key_max_priority = options.key_max_priority;
   const int32_t bound = key_max_priority.value_or(m.max_priority);
   if (r.priority() > bound) {
     return permission_denied("priority " + std::to_string(r.priority()) + " is above " + std::to_string(bound) +

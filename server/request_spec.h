@@ -44,14 +44,28 @@ struct ServedModel {
 // n_ctx × the byte length of the longest token in the vocabulary.
 size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx);
 
+// A client's string as an error message quotes it: bytes outside printable ASCII as \xNN, at
+// most kMaxEchoBytes characters of that between the quotes (so 16 bytes of a string that is all
+// escapes), and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB message and
+// log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
+inline constexpr size_t kMaxEchoBytes = 64;
+std::string quote_input(const std::string& s);
+
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;
 
-// `generated_id` is used when the request carries no id. `key_max_priority`: the caller's API key's
-// priority bound, when it has one (else model.max_priority, the frontend's --max-priority).
+// What differs between the surfaces a request comes in on.
+struct SpecOptions {
+  // The caller's API key's priority bound, when it has one (else model.max_priority, the
+  // frontend's --max-priority).
+  std::optional<int32_t> key_max_priority;
+  // max_tokens 0 means the rest of the context (OpenAI's chat default) instead of an error.
+  bool max_tokens_zero_fills_context = false;
+};
+
+// `generated_id` is used when the request carries no id.
 Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& request, const ServedModel& model,
-                                        const std::string& generated_id,
-                                        std::optional<int32_t> key_max_priority = std::nullopt);
+                                        const std::string& generated_id, const SpecOptions& options = {});
 
 v1::ModelInfo model_info(const ServedModel& model);
 

@@ -39,6 +39,7 @@
 #include "prefill_worker/prefill_service.h"
 #include "server/engine_commands.h"
 #include "server/frontend.h"
+#include "server/http_api.h"
 
 namespace baton {
 namespace {
@@ -65,7 +66,9 @@ struct ServeArgs {
   int max_requests = 256;
   int max_priority = 0;
   int max_failovers = 2;
-  int max_message_bytes = 4 << 20;  // public API: one request message
+  int max_message_bytes = 4 << 20;  // public API: one request message (gRPC) or body (HTTP)
+  std::string http_listen;  // "" = no OpenAI-compatible HTTP API
+  int http_threads = 512;   // HTTP connections served at once
   double no_worker_timeout = 5.0;  // seconds
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;
@@ -431,6 +434,7 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
 struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
   std::unique_ptr<RpcServer> server;
+  std::unique_ptr<HttpApi> http;  // null without --http-listen
 
   // The listener stays open while requests in flight finish (up to `grace`), and a second
   // longer, so a call that arrives meanwhile hears why it is refused ("this frontend is shutting
@@ -445,6 +449,7 @@ struct FrontendRole {
     }
     std::this_thread::sleep_until(std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)));
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+    if (http) http->stop();  // HTTP requests still in flight end UNAVAILABLE
     server->shutdown(std::max(left, std::chrono::seconds(0)));
     frontend->stop();
   }
@@ -478,6 +483,15 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
                          RpcServer::start(listen, {r->frontend.get()}, sec.public_server, a.max_message_bytes));
   // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
   r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
+  if (!a.http_listen.empty()) {
+    HttpApiConfig hc;
+    hc.listen = a.http_listen;
+    hc.n_threads = a.http_threads;
+    hc.max_body_bytes = static_cast<size_t>(a.max_message_bytes);
+    hc.tls = a.public_tls;
+    hc.tls_refresh = std::chrono::seconds(a.tls_refresh_seconds);
+    BATON_ASSIGN_OR_RETURN(r->http, HttpApi::start(hc, *r->frontend));
+  }
   return r;
 }
 
@@ -523,6 +537,12 @@ Status check_exposure(const ServeArgs& a, const std::string& role, const Securit
                        ": give --tls-cert and --tls-key (and --api-key-file), or listen on loopback "
                        "(--listen=127.0.0.1:PORT)");
   }
+  if ((role == "frontend" || role == "local") && !a.http_listen.empty() && a.public_tls.cert.empty() &&
+      !is_loopback_address(a.http_listen)) {
+    problems.push_back("the HTTP API would be served in plaintext on " + a.http_listen +
+                       ": give --tls-cert and --tls-key (and --api-key-file), or listen on loopback "
+                       "(--http-listen=127.0.0.1:PORT)");
+  }
   if (role == "frontend" && !sec.internal.authenticated) {
     std::vector<std::string> remote;
     for (const auto& list : {split_list(a.prefill_addresses), split_list(a.decode_addresses)}) {
@@ -550,8 +570,10 @@ Status check_exposure(const ServeArgs& a, const std::string& role, const Securit
                                        "ended by a proxy in front of baton)");
 }
 
-// Scripts and tests read the port from this stdout line (useful with --listen HOST:0).
-void print_listening(int port) {
+// Scripts and tests read the ports from these stdout lines (useful with --listen HOST:0): the
+// HTTP API's first, when there is one, then the gRPC port, which says the role is up.
+void print_listening(int port, const HttpApi* http = nullptr) {
+  if (http != nullptr) std::printf("http listening on port %d\n", http->port());
   std::printf("listening on port %d\n", port);
   std::fflush(stdout);
 }
@@ -564,6 +586,10 @@ int run_serve(const ServeArgs& a) {
   block_signals();
   if (Status s = init_logging(a.log_level, a.log_format); !s.ok()) return fail(s);
   if (Status s = check_kv_transport(a.kv_transport); !s.ok()) return fail(s);
+  if (a.role != "frontend" && !a.http_listen.empty()) {
+    return fail(invalid_argument("--http-listen serves the public API: give it to the frontend (or baton local), not "
+                                 "to a " + a.role + " worker"));
+  }
   auto sec = make_security(a);
   if (!sec.ok()) return fail(sec.status());
   if (Status s = check_exposure(a, a.role, *sec); !s.ok()) return fail(s);
@@ -600,9 +626,10 @@ int run_serve(const ServeArgs& a) {
     auto r = start_frontend(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
                             split_list(a.decode_addresses), &metrics);
     if (!r.ok()) return fail(r.status());
-    spdlog::info("frontend serving on port {}", (*r)->server->port());
+    spdlog::info("frontend serving on port {}{}", (*r)->server->port(),
+                 (*r)->http ? ", HTTP API on port " + std::to_string((*r)->http->port()) : std::string());
     if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
-    print_listening((*r)->server->port());
+    print_listening((*r)->server->port(), (*r)->http.get());
     wait_for_signal();
     (*r)->drain(grace);
   }
@@ -697,10 +724,11 @@ int run_local(const ServeArgs& a) {
   }
   auto fe = start_frontend(a, *sec, a.listen, a.name.empty() ? "frontend" : a.name, prefill_addrs, decode_addrs, &metrics);
   if (!fe.ok()) return fail(fe.status());
-  spdlog::info("baton local: frontend on port {}, {} prefill and {} decode workers", (*fe)->server->port(),
+  spdlog::info("baton local: frontend on port {}{}, {} prefill and {} decode workers", (*fe)->server->port(),
+               (*fe)->http ? ", HTTP API on port " + std::to_string((*fe)->http->port()) : std::string(),
                prefillers.size(), decoders.size());
   if (Status s = add_health(*(*fe)->server, a); !s.ok()) return fail(s);
-  print_listening((*fe)->server->port());
+  print_listening((*fe)->server->port(), (*fe)->http.get());
   wait_for_signal();
   // The frontend drains first (its in-flight requests still need the workers), then the workers.
   (*fe)->drain(grace);
@@ -764,9 +792,18 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
       ->check(CLI::Range(-kPriorityBound, kPriorityBound))
       ->envname("BATON_MAX_PRIORITY");
   c->add_option("--max-message-bytes", a.max_message_bytes,
-                "Frontend: largest request message the public API accepts (RESOURCE_EXHAUSTED above)")
+                "Frontend: largest request message (gRPC; RESOURCE_EXHAUSTED above) or body (HTTP; 413 above) "
+                "the public API accepts")
       ->check(CLI::Range(1024, 256 << 20))
       ->envname("BATON_MAX_MESSAGE_BYTES");
+  c->add_option("--http-listen", a.http_listen,
+                "Frontend: also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                "/v1/models, /health) on host:port (off unless set)")
+      ->envname("BATON_HTTP_LISTEN");
+  c->add_option("--http-threads", a.http_threads,
+                "Frontend: HTTP connections served at once (a streamed response holds one for its whole life)")
+      ->check(CLI::Range(4, 65536))
+      ->envname("BATON_HTTP_THREADS");
   c->add_option("--max-failovers", a.max_failovers,
                 "Frontend: times a request is re-prefilled on other workers after a worker fails it")
       ->check(CLI::Range(0, 16))

@@ -52,12 +52,18 @@ def test_non_root_user_and_baton_entrypoint():
 
 
 def test_ports_exposed_are_the_ones_baton_listens_on():
+    """Every role's listeners (the image's ENV), and the frontend's HTTP API, which only the
+    frontend may serve (so its BATON_HTTP_LISTEN is in the Kubernetes frontend.env, not the image)."""
     final = stages()[-1]
     env = dockerfile_env(final)
     exposed = {int(p) for args in final.all("EXPOSE") for p in args.split()}
     listen = {int(env[k].rpartition(":")[2]) for k in ("BATON_LISTEN", "BATON_METRICS_LISTEN",
                                                          "BATON_HEALTH_LISTEN")}
-    assert exposed == listen, f"EXPOSE {exposed}, BATON_LISTEN/BATON_METRICS_LISTEN/BATON_HEALTH_LISTEN {listen}"
+    frontend_env = (REPO / "deploy" / "k8s" / "base" / "frontend.env").read_text()
+    http = int(re.search(r"^BATON_HTTP_LISTEN=\S+:(\d+)$", frontend_env, re.M).group(1))
+    assert "BATON_HTTP_LISTEN" not in env, "workers refuse --http-listen: it is the frontend's alone"
+    assert exposed == listen | {http}, (f"EXPOSE {exposed}, BATON_LISTEN/BATON_METRICS_LISTEN/BATON_HEALTH_LISTEN "
+                                        f"{listen}, the frontend's BATON_HTTP_LISTEN {http}")
     assert all(env[k].startswith("0.0.0.0:") for k in ("BATON_LISTEN", "BATON_METRICS_LISTEN"))
 
 

@@ -224,6 +224,7 @@ def named_ports(container):
 def test_ports_and_probes_match_what_baton_listens_on(rendered):
     image_env = dockerfile_env(runtime_stage())
     for name, objects in rendered.items():
+        all_ports = set()
         for role in ROLES:
             c = main_container(deployment(objects, role))
             where = f"{name} {role}"
@@ -233,8 +234,14 @@ def test_ports_and_probes_match_what_baton_listens_on(rendered):
             hhost, health_port = port_of(env["BATON_HEALTH_LISTEN"])
             assert host == mhost == hhost == "0.0.0.0", f"{where}: listens on {host}/{mhost}/{hhost}, unreachable"
             ports = named_ports(c)
-            assert ports == {"grpc": grpc_port, "metrics": metrics_port, "health": health_port}, f"{where}: ports {ports}"
-            assert set(ports.values()) == image_ports(), f"{where}: the image EXPOSEs {image_ports()}"
+            want = {"grpc": grpc_port, "metrics": metrics_port, "health": health_port}
+            if role == "frontend":  # and the OpenAI-compatible HTTP API, the frontend's alone
+                hthost, want["http"] = port_of(env["BATON_HTTP_LISTEN"])
+                assert hthost == "0.0.0.0", f"{where}: the HTTP API listens on {hthost}, unreachable"
+            else:
+                assert "BATON_HTTP_LISTEN" not in env, f"{where}: workers refuse --http-listen"
+            assert ports == want, f"{where}: ports {ports}"
+            all_ports |= set(ports.values())
             assert port_of(image_env["BATON_LISTEN"])[1] == grpc_port
             assert port_of(image_env["BATON_METRICS_LISTEN"])[1] == metrics_port
             assert port_of(image_env["BATON_HEALTH_LISTEN"])[1] == health_port
@@ -246,6 +253,7 @@ def test_ports_and_probes_match_what_baton_listens_on(rendered):
                 assert set(p) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, f"{where}: {probe} {p}"
                 assert p["grpc"]["port"] == health_port, f"{where}: {probe} probes port {p['grpc']['port']}"
                 assert p["grpc"].get("service", "") == "", f"{where}: baton reports only the server-wide status"
+        assert all_ports == image_ports(), f"{name}: the pods listen on {all_ports}, the image EXPOSEs {image_ports()}"
 
 
 def test_services_select_their_role_and_ports(rendered):
@@ -370,6 +378,7 @@ def test_network_policies_allow_only_the_data_flow(rendered):
         role_labels = {r: deployment(objects, r)["spec"]["template"]["metadata"]["labels"] for r in ROLES}
         want = {  # (from, to, port): allowed
             (None, "frontend", "grpc"): True, (None, "prefill", "grpc"): False, (None, "decode", "grpc"): False,
+            (None, "frontend", "http"): True, ("prefill", "frontend", "http"): True,
             ("frontend", "prefill", "grpc"): True, ("frontend", "decode", "grpc"): True,
             ("prefill", "decode", "grpc"): True, ("decode", "prefill", "grpc"): False,
             ("decode", "decode", "grpc"): False,

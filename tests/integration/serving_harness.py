@@ -66,10 +66,15 @@ class Server:
                                      errors="replace")
         deadline = time.time() + 120
         self.port = None
+        self.http_port = None  # with --http-listen: the HTTP API's port (printed before the gRPC one)
         while time.time() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
+            m = re.match(r"http listening on port (\d+)", line)
+            if m:
+                self.http_port = int(m.group(1))
+                continue
             m = re.match(r"listening on port (\d+)", line)
             if m:
                 self.port = int(m.group(1))
@@ -78,6 +83,7 @@ class Server:
             self.proc.kill()
             raise RuntimeError(f"baton did not start: {self.proc.stderr.read()}")
         self.address = f"127.0.0.1:{self.port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}" if self.http_port else None
         # Both streams are read all the time (the log goes to stdout, sanitizer reports to stderr): a
         # test that makes the server log a lot (the request fuzzer, --log-level debug) must not fill
         # a pipe and block the server in a write. The last lines of both are kept, in one tail.
@@ -238,16 +244,20 @@ def metric_values(text, name):
     return out
 
 
-def wait_blocks_free(srv, timeout=10):
-    """True once every decode worker's free KV blocks equal its capacity (within `timeout` s)."""
+def wait_blocks_free(srv, timeout=10, roles=("decode",)):
+    """True once every worker of `roles` has all its KV blocks free (baton_kv_blocks_free equal to
+    baton_kv_blocks_capacity) within `timeout` s."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         text = srv.metrics()
         free = metric_values(text, "baton_kv_blocks_free")
         total = metric_values(text, "baton_kv_blocks_capacity")
-        decode_free = {k: v for k, v in free.items() if 'role="decode"' in k}
-        decode_total = {k: v for k, v in total.items() if 'role="decode"' in k}
-        if decode_free and decode_free == decode_total:
+        if all(kv_blocks_of(free, role) and kv_blocks_of(free, role) == kv_blocks_of(total, role) for role in roles):
             return True
         time.sleep(0.1)
     return False
+
+
+def kv_blocks_of(samples, role):
+    """{labels: value} of the samples of one role."""
+    return {k: v for k, v in samples.items() if f'role="{role}"' in k}

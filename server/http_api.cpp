@@ -1,0 +1,296 @@
+#include "server/http_api.h"
+
+#include <dirent.h>
+#include <httplib.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+
+#include "server/frontend.h"
+#include "server/http_call.h"
+#include "server/http_tls.h"
+#include "server/openai_json.h"
+
+namespace baton {
+namespace {
+
+// The kernel's queue of connections not yet accepted. cpp-httplib listens with a backlog of 5:
+// a burst of clients connecting at once would wait for SYN retransmits (1 s, then 3 s).
+constexpr int kListenBacklog = 1024;
+// A chunked request body past the limit is read on (and dropped) up to this many times the
+// limit, so the client can read the 413; beyond that the connection is closed.
+constexpr size_t kDiscardFactor = 16;
+
+// cpp-httplib servers with the listening socket in reach (a protected member).
+template <class Base>
+class Listener final : public Base {
+ public:
+  using Base::Base;
+  int listening_socket() const { return this->svr_sock_; }
+};
+
+// "host:port", "[v6]:port" → (host, port).
+Result<std::pair<std::string, int>> split_address(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return invalid_argument("--http-listen '" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  const long port = std::strtol(address.c_str() + colon + 1, &end, 10);
+  if (*end != 0 || port < 0 || port > 65535 || host.empty()) {
+    return invalid_argument("--http-listen '" + address + "' is not host:port");
+  }
+  return std::make_pair(host, static_cast<int>(port));
+}
+
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// As cpp-httplib writes addresses into Request::remote_addr / local_addr.
+std::string numeric_host(const sockaddr_storage& a, socklen_t len) {
+  char host[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
+    return {};
+  }
+  return host;
+}
+
+// True when `fd` is the TCP connection between these endpoints (ports first: they are cheap).
+bool is_connection(int fd, const httplib::Request& req) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof local, peer_len = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 || port_of(local) != req.local_port ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || port_of(peer) != req.remote_port) {
+    return false;
+  }
+  return numeric_host(local, local_len) == req.local_addr && numeric_host(peer, peer_len) == req.remote_addr;
+}
+
+// The socket of the connection `req` came on, -1 when it cannot be told. cpp-httplib 0.11 does
+// not say (later versions have Request::is_connection_closed), but the pool thread serving the
+// request keeps the connection open, so its endpoints name one socket of this process: the
+// process's descriptors are searched for it, the one found last on this thread first (a
+// keep-alive connection brings its next request to the same thread).
+int connection_socket(const httplib::Request& req) {
+  if (req.ssl != nullptr) return SSL_get_fd(req.ssl);
+  thread_local int last = -1;
+  if (last >= 0 && is_connection(last, req)) return last;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == dirfd(dir)) continue;
+    if (is_connection(fd, req)) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  last = found;
+  return found;
+}
+
+// Polled by the call while the serving thread holds the connection (so `fd` is still it): true
+// once the client hung up or reset.
+std::function<bool()> client_gone(const httplib::Request& req) {
+  const int fd = connection_socket(req);
+  if (fd < 0) return {};  // failed writes still tell
+  return [fd] {
+    pollfd p{fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+  };
+}
+
+Status body_too_large(size_t limit) {
+  return resource_exhausted("the request body is larger than " + std::to_string(limit) +
+                            " bytes (the frontend's --max-message-bytes)");
+}
+
+// The request body, at most `limit` bytes. `*http_status` says how a failure is answered (413:
+// too large). A Content-Length past the limit is refused by cpp-httplib, which drains the body;
+// a chunked body is counted here.
+Result<std::string> read_body(const httplib::ContentReader& reader, httplib::Response& res, size_t limit,
+                              int* http_status) {
+  std::string body;
+  size_t n_read = 0;
+  const bool ok = reader([&](const char* data, size_t n) {
+    n_read += n;
+    if (n_read <= limit) body.append(data, n);
+    return n_read <= limit * kDiscardFactor;
+  });
+  if (res.status == 413 || n_read > limit) {
+    if (n_read > limit * kDiscardFactor) res.set_header("Connection", "close");  // the rest is still unread
+    *http_status = 413;
+    return body_too_large(limit);
+  }
+  if (!ok) {
+    *http_status = 400;
+    return invalid_argument("the request body could not be read (a broken transfer encoding, or the client stopped "
+                            "sending)");
+  }
+  return body;
+}
+
+// Errors cpp-httplib decides itself (no route, a malformed request line, ...), as OpenAI's.
+Status routing_error(const httplib::Request& req, int http_status) {
+  switch (http_status) {
+    case 404:
+      return not_found("no route " + quote_input(req.method + " " + req.path) +
+                       ": this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET "
+                       "/health");
+    case 413: return resource_exhausted("the request is too large");
+    case 414: return invalid_argument("the request URI is too long");
+    default: return invalid_argument("malformed HTTP request (status " + std::to_string(http_status) + ")");
+  }
+}
+
+Status check_key(FrontendContext& fc, const httplib::Request& req) {
+  return fc.api_keys == nullptr ? Status{} : fc.api_keys->check_authorization(req.get_header_value("Authorization"));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HttpApi>> HttpApi::start(const HttpApiConfig& config, Frontend& frontend) {
+  BATON_ASSIGN_OR_RETURN(const auto where, split_address(config.listen));
+  auto api = std::unique_ptr<HttpApi>(new HttpApi());
+  std::function<int()> listening_socket;
+  if (!config.tls.cert.empty()) {
+    BATON_ASSIGN_OR_RETURN(api->tls_, TlsIdentity::load(config.tls, config.tls_refresh));
+    auto server = std::make_unique<Listener<httplib::SSLServer>>(
+        [identity = api->tls_.get()](SSL_CTX& ctx) { return identity->configure(ctx); });
+    if (!server->is_valid()) return invalid_argument("--tls-cert / --tls-key: the HTTP API cannot use them");
+    listening_socket = [s = server.get()] { return s->listening_socket(); };
+    api->server_ = std::move(server);
+  } else {
+    auto server = std::make_unique<Listener<httplib::Server>>();
+    listening_socket = [s = server.get()] { return s->listening_socket(); };
+    api->server_ = std::move(server);
+  }
+  // Writes to a connection the client closed must fail (EPIPE), not end the process: cpp-httplib
+  // sends without MSG_NOSIGNAL.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  httplib::Server& s = *api->server_;
+  const int n_threads = config.n_threads;
+  s.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server bind the same port
+  // and take half its connections.
+  s.set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  s.set_tcp_nodelay(true);  // each SSE chunk leaves at once
+  s.set_keep_alive_timeout(kIdleTimeout.count());
+  s.set_keep_alive_max_count(1000);
+  s.set_read_timeout(kIoTimeout.count());
+  s.set_write_timeout(kIoTimeout.count());
+  s.set_payload_max_length(config.max_body_bytes);
+
+  FrontendContext& fc = frontend.context();
+  const int64_t created = std::time(nullptr);
+  HttpApi* self = api.get();
+  const size_t limit = config.max_body_bytes;
+  auto completion = [self, &fc, limit](OpenAiEndpoint endpoint) {
+    return httplib::Server::HandlerWithContentReader(
+        [self, &fc, limit, endpoint](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+          int http_status = 0;
+          auto body = read_body(reader, res, limit, &http_status);
+          if (!body.ok()) {
+            set_error_response(res, body.status(), http_status);
+            return;
+          }
+          HttpCallEnv env;
+          env.client_gone = client_gone(req);
+          env.stopping = &self->stopping_;
+          env.live = &self->live_;
+          serve_completion(fc, endpoint, req, *body, res, std::move(env));
+        });
+  };
+  s.Post("/v1/completions", completion(OpenAiEndpoint::kCompletions));
+  s.Post("/v1/chat/completions", completion(OpenAiEndpoint::kChat));
+  s.Get("/v1/models", [&fc, created](const httplib::Request& req, httplib::Response& res) {
+    if (Status st = check_key(fc, req); !st.ok()) return set_error_response(res, st);
+    res.set_content(models_body(*fc.model, created), "application/json");
+  });
+  s.Get(R"(/v1/models/(.+))", [&fc, created](const httplib::Request& req, httplib::Response& res) {
+    if (Status st = check_key(fc, req); !st.ok()) return set_error_response(res, st);
+    const std::string id = req.matches[1];
+    if (id != fc.model->name) {
+      return set_error_response(res, not_found("model " + quote_input(id) + " does not exist: this server serves '" +
+                                               fc.model->name + "'"));
+    }
+    res.set_content(model_body(*fc.model, created), "application/json");
+  });
+  // No key: probes have none (the same as grpc.health.v1).
+  s.Get("/health", [&frontend](const httplib::Request&, httplib::Response& res) {
+    if (Status st = frontend.health(); !st.ok()) return set_error_response(res, st);
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  // cpp-httplib 0.11 reads no body for GET, HEAD or OPTIONS: one sent anyway would be read as the
+  // connection's next request (behind a proxy, another client's). Refused, and the client told to
+  // close the connection.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const bool reads_body = req.method != "GET" && req.method != "HEAD" && req.method != "OPTIONS";
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (reads_body || !has_body) return httplib::Server::HandlerResponse::Unhandled;
+    set_error_response(res, invalid_argument("a " + req.method + " request carries no body; send fields with POST"));
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // the handlers' own errors
+    set_error_response(res, routing_error(req, res.status), res.status);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("HTTP handler failed: {}", what);
+    set_error_response(res, internal_error("the request failed inside the frontend"));
+  });
+
+  const auto& [host, port] = where;
+  api->port_ = port == 0 ? s.bind_to_any_port(host) : (s.bind_to_port(host, port) ? port : -1);
+  if (api->port_ <= 0) return unavailable("--http-listen: cannot listen on '" + config.listen + "' (in use, or a bad address)");
+  ::listen(listening_socket(), kListenBacklog);
+  api->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
+  // stop() before the accept loop runs would not stop it.
+  while (!s.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return api;
+}
+
+HttpApi::~HttpApi() { stop(); }
+
+void HttpApi::stop() {
+  if (!thread_.joinable()) return;
+  // Requests in flight see `stopping_` within a poll interval and end UNAVAILABLE (a stream with
+  // its error event); then the accept loop ends and the pool's threads are joined.
+  stopping_ = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (live_.load() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server_->stop();
+  thread_.join();
+}
+
+}  // namespace baton

@@ -1,0 +1,195 @@
+#include "server/http_call.h"
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace baton {
+namespace {
+
+class HttpCall final : public PublicCall {
+ public:
+  HttpCall(FrontendContext& fc, OpenAiEndpoint endpoint, HttpCallEnv env)
+      : PublicCall(fc), env_(std::move(env)) {
+    header_.endpoint = endpoint;
+    header_.created = std::time(nullptr);
+    header_.model = fc.model->name;
+    if (env_.live != nullptr) env_.live->fetch_add(1);
+  }
+  ~HttpCall() override {
+    if (env_.live != nullptr) env_.live->fetch_sub(1);
+  }
+
+  // The whole exchange, on the calling thread (a pool thread of the HTTP server).
+  void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
+
+ private:
+  void emit_tokens(std::span<const int32_t> ids, const std::string& text) override;
+  void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
+
+  // Waits (mu_ held through `lock`) until `ready()`; meanwhile a client that has gone or a server
+  // that stops ends the request, whose end then makes it ready.
+  template <class Ready>
+  void wait_locked(std::unique_lock<std::mutex>& lock, Ready ready);
+  // Why the request should end now, if it should.
+  std::optional<Status> abandoned() const;
+  // Streaming: writes what has arrived (waiting for something first); false when the client is gone.
+  bool write_events(httplib::DataSink& sink);
+  // The server is done with the stream: if it ended before the request did (the client went, the
+  // server stopped), nothing more can reach the client and the request must not run on.
+  void on_stream_released();
+  void send_whole(httplib::Response& res);
+
+  const HttpCallEnv env_;
+  ResponseHeader header_;  // id set once the request is admitted
+  bool stream_ = false;
+  bool include_usage_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_: what the pipeline produced and the surface has not written yet.
+  std::string text_;          // text not yet written (stream) / all of it (whole)
+  bool got_tokens_ = false;   // the first token arrived
+  bool ended_ = false;
+  bool cancelling_ = false;   // cancel() called; its end follows
+  bool role_sent_ = false;    // stream: the first chunk (chat: with the role) is out
+  Status status_;
+  PipelineOutcome outcome_;
+};
+
+void HttpCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  text_ += text;
+  got_tokens_ = got_tokens_ || !ids.empty();
+  cv_.notify_all();
+}
+
+void HttpCall::emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  text_ += tail;
+  ended_ = true;
+  status_ = status;
+  outcome_ = outcome;
+  cv_.notify_all();
+}
+
+std::optional<Status> HttpCall::abandoned() const {
+  if (env_.stopping != nullptr && env_.stopping->load()) {
+    return unavailable("this frontend shut down before the request finished; retry on another replica");
+  }
+  if (env_.client_gone && env_.client_gone()) return cancelled("the client closed the connection");
+  return std::nullopt;
+}
+
+template <class Ready>
+void HttpCall::wait_locked(std::unique_lock<std::mutex>& lock, Ready ready) {
+  while (!cv_.wait_for(lock, kPollInterval, ready)) {
+    if (cancelling_) continue;
+    std::optional<Status> why = abandoned();
+    if (!why) continue;
+    cancelling_ = true;
+    lock.unlock();  // the pipeline's end comes back through emit_end, which takes mu_
+    cancel(*why);
+    lock.lock();
+  }
+}
+
+void HttpCall::serve(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  if (Status st = authorize(req.get_header_value("Authorization")); !st.ok()) {
+    refuse(st);
+    set_error_response(res, st);
+    return;
+  }
+  auto parsed = parse_openai_request(header_.endpoint, body, *frontend().model);
+  if (!parsed.ok()) {
+    refuse(parsed.status());
+    set_error_response(res, parsed.status());
+    return;
+  }
+  if (req.has_header("X-Request-Id")) parsed->generate.set_request_id(req.get_header_value("X-Request-Id"));
+  stream_ = parsed->stream;
+  include_usage_ = parsed->include_usage;
+  start(parsed->generate, CallDeadline::max(), parsed->spec_options);
+
+  std::unique_lock<std::mutex> lock(mu_);
+  wait_locked(lock, [this] { return ended_ || (stream_ && got_tokens_); });
+  if (ended_ && !status_.ok()) {
+    set_error_response(res, status_);
+    return;
+  }
+  header_.id = response_id(header_.endpoint, spec().request_id);
+  res.set_header("X-Request-Id", spec().request_id);
+  if (!stream_) {
+    send_whole(res);
+    return;
+  }
+  lock.unlock();
+  res.set_header("Cache-Control", "no-cache");
+  std::shared_ptr<HttpCall> self = std::static_pointer_cast<HttpCall>(shared_from_this());
+  res.set_chunked_content_provider(
+      "text/event-stream", [self](size_t, httplib::DataSink& sink) { return self->write_events(sink); },
+      [self](bool) { self->on_stream_released(); });
+}
+
+void HttpCall::send_whole(httplib::Response& res) {
+  for (const auto& [name, value] : timing_headers(outcome_)) res.set_header(name, value);
+  res.set_content(completion_body(header_, text_, outcome_), "application/json");
+}
+
+bool HttpCall::write_events(httplib::DataSink& sink) {
+  std::string out;
+  bool done = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_locked(lock, [this] { return ended_ || !text_.empty() || !role_sent_; });
+    const bool first = !role_sent_;
+    role_sent_ = true;
+    if (ended_ && status_.ok()) {
+      out += sse_event(chunk_body(header_, text_, first, &outcome_, include_usage_));
+      if (include_usage_) out += sse_event(usage_chunk_body(header_, outcome_));
+      out += kSseDone;
+      done = true;
+    } else if (ended_) {
+      out += sse_event(error_body(http_status_of(status_.code()), status_));
+      done = true;
+    } else {
+      out += sse_event(chunk_body(header_, text_, first, nullptr, include_usage_));
+    }
+    text_.clear();
+  }
+  if (!sink.write(out.data(), out.size())) {
+    cancel(cancelled("the client closed the connection"));
+    return false;
+  }
+  if (done) sink.done();
+  return true;
+}
+
+void HttpCall::on_stream_released() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+  }
+  cancel(abandoned().value_or(cancelled("the response stream ended early")));
+}
+
+}  // namespace
+
+void serve_completion(FrontendContext& fc, OpenAiEndpoint endpoint, const httplib::Request& request,
+                      const std::string& body, httplib::Response& response, HttpCallEnv env) {
+  auto call = std::make_shared<HttpCall>(fc, endpoint, std::move(env));
+  call->serve(request, body, response);
+}
+
+void set_error_response(httplib::Response& res, const Status& status, int http_status) {
+  const int code = http_status != 0 ? http_status : http_status_of(status.code());
+  res.status = code;
+  if (code == 429 || code == 503) res.set_header("Retry-After", "1");
+  res.set_content(error_body(code, status), "application/json");
+}
+
+}  // namespace baton

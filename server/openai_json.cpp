@@ -1,0 +1,472 @@
+#include "server/openai_json.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <cstdio>
+#include <limits>
+#include <random>
+
+namespace baton {
+namespace {
+
+using Json = nlohmann::json;
+
+// Output is always valid UTF-8 (the text stream guarantees it); `replace` keeps a bug from
+// becoming an exception.
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const char* type_name(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    default: return "something else";
+  }
+}
+
+Status wrong_type(const std::string& field, const char* want, const Json& got) {
+  return invalid_argument(field + " must be " + want + ", got " + type_name(got));
+}
+
+// A member of the request object; null when absent or null (OpenAI treats null as unset).
+const Json* member(const Json& object, const char* name) {
+  const auto it = object.find(name);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+Result<std::string> as_string(const Json& v, const std::string& field) {
+  if (!v.is_string()) return wrong_type(field, "a string", v);
+  return v.get<std::string>();
+}
+
+Result<bool> as_bool(const Json& v, const std::string& field) {
+  if (!v.is_boolean()) return wrong_type(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+Result<double> as_number(const Json& v, const std::string& field) {
+  if (!v.is_number()) return wrong_type(field, "a number", v);
+  return v.get<double>();
+}
+
+// An integer that fits int32 (the GenerateRequest fields are int32).
+Result<int32_t> as_int32(const Json& v, const std::string& field) {
+  if (!v.is_number_integer()) return wrong_type(field, "an integer", v);
+  constexpr auto lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                             : (v.get<int64_t>() < lo || v.get<int64_t>() > hi)) {
+    return invalid_argument(field + " = " + v.dump() + " is out of range");
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// OpenAI accepts any 64-bit seed; baton's stream is keyed by its 64 bits.
+Result<uint64_t> as_seed(const Json& v) {
+  if (!v.is_number_integer()) return wrong_type("seed", "an integer", v);
+  return v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+}
+
+// Features baton does not implement: refused by name unless the value is the one that means
+// "off", so that no client believes it got what it asked for.
+Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
+  auto off = [&](const char* name, auto is_off, const char* why) -> Status {
+    const Json* v = member(body, name);
+    if (v == nullptr || is_off(*v)) return {};
+    return invalid_argument(std::string(name) + " = " + v->dump().substr(0, kMaxEchoBytes) + " is not supported: " + why);
+  };
+  auto is_one = [](const Json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_false = [](const Json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_zero = [](const Json& v) { return v.is_number() && v.get<double>() == 0.0; };
+  auto is_empty = [](const Json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); };
+  auto is_text = [](const Json& v) { return v.is_object() && v.value("type", Json()) == "text"; };
+  BATON_RETURN_IF_ERROR(off("n", is_one, "baton returns one choice per request (n = 1)"));
+  BATON_RETURN_IF_ERROR(off("best_of", is_one, "baton returns one choice per request (best_of = 1)"));
+  BATON_RETURN_IF_ERROR(off("echo", is_false, "the prompt is not echoed"));
+  BATON_RETURN_IF_ERROR(off("logprobs", [&](const Json& v) { return is_false(v) || is_zero(v); },
+                            "baton does not return log probabilities"));
+  BATON_RETURN_IF_ERROR(off("top_logprobs", is_zero, "baton does not return log probabilities"));
+  BATON_RETURN_IF_ERROR(off("presence_penalty", is_zero, "baton has no sampling penalties"));
+  BATON_RETURN_IF_ERROR(off("frequency_penalty", is_zero, "baton has no sampling penalties"));
+  BATON_RETURN_IF_ERROR(off("logit_bias", is_empty, "baton does not bias logits"));
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    BATON_RETURN_IF_ERROR(off("suffix", is_empty, "baton does not insert text"));
+  } else {
+    BATON_RETURN_IF_ERROR(off("tools", is_empty, "baton does not call tools"));
+    BATON_RETURN_IF_ERROR(off("functions", is_empty, "baton does not call functions"));
+    BATON_RETURN_IF_ERROR(off("response_format", is_text, "baton answers in plain text"));
+  }
+  return {};
+}
+
+// A completions prompt: a string, token ids, or an array holding one of those.
+Status read_prompt(const Json& prompt, v1::GenerateRequest* r) {
+  if (prompt.is_string()) {
+    r->set_prompt(prompt.get<std::string>());
+    return {};
+  }
+  if (!prompt.is_array()) return wrong_type("prompt", "a string or an array of token ids", prompt);
+  if (prompt.empty()) return invalid_argument("prompt is an empty array: send text or token ids");
+  if (prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) return read_prompt(prompt[0], r);
+  if (prompt[0].is_string() || prompt[0].is_array()) {
+    return invalid_argument("prompt holds " + std::to_string(prompt.size()) +
+                            " prompts: baton completes one per request (send each in its own)");
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    BATON_ASSIGN_OR_RETURN(const int32_t id, as_int32(prompt[i], "prompt[" + std::to_string(i) + "]"));
+    r->add_prompt_token_ids(id);
+  }
+  return {};
+}
+
+// Chat messages: content is a string, null, or text parts ({"type": "text", "text": ...}).
+Status read_messages(const Json& messages, v1::GenerateRequest* r) {
+  if (!messages.is_array()) return wrong_type("messages", "an array", messages);
+  if (messages.empty()) return invalid_argument("messages is empty: send at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    const Json& m = messages[i];
+    if (!m.is_object()) return wrong_type(at, "an object", m);
+    const Json* role = member(m, "role");
+    if (role == nullptr) return invalid_argument(at + ".role is missing");
+    BATON_ASSIGN_OR_RETURN(std::string role_name, as_string(*role, at + ".role"));
+    v1::ChatMessage* out = r->add_messages();
+    // OpenAI's newer name for the system role.
+    out->set_role(role_name == "developer" ? "system" : role_name);
+    const Json* content = member(m, "content");
+    if (content == nullptr) continue;
+    if (content->is_string()) {
+      out->set_content(content->get<std::string>());
+      continue;
+    }
+    if (!content->is_array()) return wrong_type(at + ".content", "a string or an array of text parts", *content);
+    std::string text;
+    for (size_t j = 0; j < content->size(); ++j) {
+      const std::string part_at = at + ".content[" + std::to_string(j) + "]";
+      const Json& part = (*content)[j];
+      if (!part.is_object()) return wrong_type(part_at, "an object", part);
+      const Json* type = member(part, "type");
+      if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
+        return invalid_argument(part_at + ".type must be 'text' (baton reads text only), got " +
+                                (type == nullptr ? std::string("none") : type->dump().substr(0, kMaxEchoBytes)));
+      }
+      const Json* part_text = member(part, "text");
+      if (part_text == nullptr) return invalid_argument(part_at + ".text is missing");
+      BATON_ASSIGN_OR_RETURN(std::string piece, as_string(*part_text, part_at + ".text"));
+      text += piece;
+    }
+    out->set_content(text);
+  }
+  return {};
+}
+
+// nlohmann's message without the input it quotes ("; last read: '…'" can hold megabytes).
+std::string json_error_reason(const std::string& what) {
+  std::string reason = what;
+  if (const size_t at = reason.find("] "); at != std::string::npos) reason.erase(0, at + 2);
+  if (const size_t at = reason.find("; last read"); at != std::string::npos) reason.erase(at);
+  if (reason.size() > 160) reason = reason.substr(0, 160) + "...";
+  for (char& c : reason) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) c = '?';
+  }
+  return reason;
+}
+
+Json usage_json(const PipelineOutcome& o) {
+  return {{"prompt_tokens", o.n_prompt_tokens},
+          {"completion_tokens", o.n_generated},
+          {"total_tokens", o.n_prompt_tokens + o.n_generated}};
+}
+
+// baton's extension: where the request's time went, and which workers served it.
+Json baton_json(const PipelineOutcome& o) {
+  return {{"timing",
+           {{"queue_seconds", o.queue_seconds},
+            {"prefill_seconds", o.prefill_seconds},
+            {"kv_transfer_seconds", o.kv_transfer_seconds},
+            {"decode_queue_seconds", o.decode_queue_seconds},
+            {"ttft_seconds", o.ttft_seconds},
+            {"e2e_seconds", o.e2e_seconds},
+            {"failovers", o.failovers}}},
+          {"prefill_worker", o.prefill_address},
+          {"decode_worker", o.decode_address}};
+}
+
+Json object_header(const ResponseHeader& h, bool chunk) {
+  const bool chat = h.endpoint == OpenAiEndpoint::kChat;
+  return {{"id", h.id},
+          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+          {"created", h.created},
+          {"model", h.model}};
+}
+
+Json model_json(const ServedModel& m, int64_t created) {
+  return {{"id", m.name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "baton"},
+          {"baton",
+           {{"architecture", m.config.arch},
+            {"context_length", m.config.n_ctx},
+            {"vocab_size", m.config.n_vocab},
+            {"chat_template", m.chat_template ? chat_template_name(m.chat_template->kind()) : ""},
+            {"fingerprint", m.fingerprint}}}};
+}
+
+// The request field a message starts with, when it is one.
+std::string param_of(const std::string& message) {
+  static const char* const kFields[] = {
+      "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+      "seed", "stop", "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "suffix",
+      "presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "response_format", "priority",
+      "ignore_eos"};
+  size_t n = 0;
+  while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;
+  const std::string word = message.substr(0, n);
+  for (const char* f : kFields) {
+    if (word == f) return word;
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model) {
+  if (body.empty()) return invalid_argument("the body is empty: send a JSON object");
+  bool too_deep = false;
+  const Json::parser_callback_t depth_limit = [&](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) too_deep = true;
+    return !too_deep;
+  };
+  Json j;
+  try {
+    j = Json::parse(body.begin(), body.end(), depth_limit);
+  } catch (const Json::exception& e) {
+    return invalid_argument("the body is not valid JSON: " + json_error_reason(e.what()));
+  }
+  if (too_deep) return invalid_argument("the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!j.is_object()) return wrong_type("the body", "a JSON object", j);
+
+  OpenAiRequest req;
+  v1::GenerateRequest& r = req.generate;
+  if (const Json* m = member(j, "model")) {
+    BATON_ASSIGN_OR_RETURN(const std::string name, as_string(*m, "model"));
+    if (name != model.name) {
+      return not_found("model " + quote_input(name) + " does not exist: this server serves '" + model.name +
+                       "' (GET /v1/models)");
+    }
+  }
+  BATON_RETURN_IF_ERROR(refuse_unsupported(j, endpoint));
+
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    const Json* prompt = member(j, "prompt");
+    if (prompt == nullptr) return invalid_argument("prompt is missing");
+    BATON_RETURN_IF_ERROR(read_prompt(*prompt, &r));
+  } else {
+    const Json* messages = member(j, "messages");
+    if (messages == nullptr) return invalid_argument("messages is missing");
+    BATON_RETURN_IF_ERROR(read_messages(*messages, &r));
+  }
+
+  // max_tokens: OpenAI's default is 16 for completions and the rest of the context for chat
+  // (where max_completion_tokens is the newer name).
+  const Json* max_tokens = member(j, "max_tokens");
+  const char* max_tokens_name = "max_tokens";
+  if (endpoint == OpenAiEndpoint::kChat) {
+    if (const Json* mct = member(j, "max_completion_tokens")) {
+      if (max_tokens != nullptr && *max_tokens != *mct) {
+        return invalid_argument("max_tokens and max_completion_tokens differ: send one of them");
+      }
+      max_tokens = mct;
+      max_tokens_name = "max_completion_tokens";
+    }
+  }
+  if (max_tokens != nullptr) {
+    BATON_ASSIGN_OR_RETURN(const int32_t n, as_int32(*max_tokens, max_tokens_name));
+    r.set_max_tokens(n);
+  } else if (endpoint == OpenAiEndpoint::kCompletions) {
+    r.set_max_tokens(16);
+  } else {
+    req.spec_options.max_tokens_zero_fills_context = true;
+  }
+
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_temperature(1.0f);
+  if (const Json* v = member(j, "temperature")) {
+    BATON_ASSIGN_OR_RETURN(const double t, as_number(*v, "temperature"));
+    s->set_temperature(static_cast<float>(t));
+  }
+  if (const Json* v = member(j, "top_p")) {
+    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "top_p"));
+    s->set_top_p(static_cast<float>(p));
+  }
+  if (const Json* v = member(j, "top_k")) {
+    BATON_ASSIGN_OR_RETURN(const int32_t k, as_int32(*v, "top_k"));
+    s->set_top_k(k);
+  }
+  if (const Json* v = member(j, "seed")) {
+    BATON_ASSIGN_OR_RETURN(const uint64_t seed, as_seed(*v));
+    s->set_seed(seed);
+  } else {
+    std::random_device rd;
+    s->set_seed((static_cast<uint64_t>(rd()) << 32) | rd());
+  }
+
+  if (const Json* v = member(j, "stop")) {
+    if (v->is_string()) {
+      r.add_stop(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i) {
+        BATON_ASSIGN_OR_RETURN(std::string stop, as_string((*v)[i], "stop[" + std::to_string(i) + "]"));
+        r.add_stop(std::move(stop));
+      }
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *v);
+    }
+  }
+  if (const Json* v = member(j, "stream")) {
+    BATON_ASSIGN_OR_RETURN(req.stream, as_bool(*v, "stream"));
+  }
+  if (const Json* v = member(j, "stream_options")) {
+    if (!v->is_object()) return wrong_type("stream_options", "an object", *v);
+    if (const Json* u = member(*v, "include_usage")) {
+      BATON_ASSIGN_OR_RETURN(req.include_usage, as_bool(*u, "stream_options.include_usage"));
+    }
+  }
+  if (const Json* v = member(j, "ignore_eos")) {
+    BATON_ASSIGN_OR_RETURN(const bool ignore, as_bool(*v, "ignore_eos"));
+    r.set_ignore_eos(ignore);
+  }
+  if (const Json* v = member(j, "priority")) {
+    BATON_ASSIGN_OR_RETURN(const int32_t priority, as_int32(*v, "priority"));
+    r.set_priority(priority);
+  }
+  return req;
+}
+
+std::string response_id(OpenAiEndpoint endpoint, const std::string& request_id) {
+  return (endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-") + request_id;
+}
+
+std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& o) {
+  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish_reason}};
+  if (h.endpoint == OpenAiEndpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  Json j = object_header(h, /*chunk=*/false);
+  j["choices"] = Json::array({choice});
+  j["usage"] = usage_json(o);
+  j["baton"] = baton_json(o);
+  return dump(j);
+}
+
+std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* o,
+                       bool include_usage) {
+  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", o ? Json(o->finish_reason) : Json()}};
+  if (h.endpoint == OpenAiEndpoint::kChat) {
+    Json delta = Json::object();
+    if (first) delta["role"] = "assistant";
+    if (first || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  Json j = object_header(h, /*chunk=*/true);
+  j["choices"] = Json::array({choice});
+  if (include_usage) j["usage"] = nullptr;
+  if (o != nullptr && !include_usage) j["baton"] = baton_json(*o);
+  return dump(j);
+}
+
+std::string usage_chunk_body(const ResponseHeader& h, const PipelineOutcome& o) {
+  Json j = object_header(h, /*chunk=*/true);
+  j["choices"] = Json::array();
+  j["usage"] = usage_json(o);
+  j["baton"] = baton_json(o);
+  return dump(j);
+}
+
+std::string sse_event(const std::string& json) { return "data: " + json + "\n\n"; }
+
+std::vector<std::pair<std::string, std::string>> timing_headers(const PipelineOutcome& o) {
+  auto seconds = [](double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6f", s);
+    return std::string(buf);
+  };
+  return {{"X-Baton-Queue-Seconds", seconds(o.queue_seconds)},
+          {"X-Baton-Prefill-Seconds", seconds(o.prefill_seconds)},
+          {"X-Baton-Kv-Transfer-Seconds", seconds(o.kv_transfer_seconds)},
+          {"X-Baton-Decode-Queue-Seconds", seconds(o.decode_queue_seconds)},
+          {"X-Baton-Ttft-Seconds", seconds(o.ttft_seconds)},
+          {"X-Baton-E2e-Seconds", seconds(o.e2e_seconds)},
+          {"X-Baton-Failovers", std::to_string(o.failovers)}};
+}
+
+std::string models_body(const ServedModel& model, int64_t created) {
+  return dump({{"object", "list"}, {"data", Json::array({model_json(model, created)})}});
+}
+
+std::string model_body(const ServedModel& model, int64_t created) { return dump(model_json(model, created)); }
+
+int http_status_of(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kFailedPrecondition: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kCancelled: return 499;
+    case StatusCode::kUnimplemented: return 501;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kInternal:
+    case StatusCode::kDataLoss: return 500;
+  }
+  return 500;
+}
+
+std::string error_body(int http_status, const Status& status) {
+  // The spec's messages name GenerateRequest fields; OpenAI's names are these.
+  std::string message = status.message();
+  if (message.rfind("sampling.", 0) == 0) message.erase(0, 9);
+  if (message.rfind("prompt_token_ids", 0) == 0) message.replace(0, 16, "prompt");
+  const std::string param = param_of(message);
+  const char* type = http_status >= 400 && http_status < 499 ? "invalid_request_error" : "server_error";
+  switch (http_status) {
+    case 401: type = "authentication_error"; break;
+    case 403: type = "permission_error"; break;
+    case 429: type = "rate_limit_error"; break;
+    default: break;
+  }
+  std::string code;
+  if (http_status == 413) {
+    code = "request_too_large";
+  } else if (status.code() == StatusCode::kNotFound && param == "model") {
+    code = "model_not_found";
+  } else if (status.code() == StatusCode::kUnauthenticated) {
+    code = "invalid_api_key";
+  } else if (status.code() == StatusCode::kResourceExhausted) {
+    code = "rate_limit_exceeded";
+  } else {
+    for (const char* c = status_code_name(status.code()); *c != 0; ++c) {
+      code += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+    }
+  }
+  return dump({{"error",
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? Json() : Json(param)},
+                 {"code", code}}}});
+}
+
+}  // namespace baton

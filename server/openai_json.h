@@ -1,0 +1,91 @@
+// The OpenAI-compatible HTTP API's JSON ↔ baton's types, in one place: request bodies of
+// POST /v1/completions and /v1/chat/completions become a GenerateRequest (which
+// make_generate_spec validates, as for gRPC), and a request's text, usage and timing become the
+// response objects (text_completion, chat.completion, their streamed chunks), the model list and
+// errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+//
+// Checked here, because only JSON has them: the body is a JSON object of at most kMaxJsonDepth
+// levels, each known field has its JSON type, the model is the served one (404 otherwise), and
+// features baton does not implement (n > 1, logprobs, echo, tools, penalties, ...) are refused by
+// name instead of being silently ignored. Fields OpenAI does not define are ignored, except
+// baton's own: top_k, ignore_eos, priority. Everything else (ranges, the prompt's size, stop
+// strings, priority bounds) is make_generate_spec's, so each field is validated once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "baton/v1/generate.pb.h"
+#include "common/status.h"
+#include "scheduler/request_pipeline.h"
+#include "server/request_spec.h"
+
+namespace baton {
+
+enum class OpenAiEndpoint { kCompletions, kChat };
+
+inline constexpr int kMaxJsonDepth = 32;
+
+// A parsed request body.
+struct OpenAiRequest {
+  v1::GenerateRequest generate;  // what make_generate_spec validates
+  SpecOptions spec_options;      // chat without max_tokens: the rest of the context
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
+};
+
+// `body` as a request to `endpoint` of `model`. Errors: INVALID_ARGUMENT naming the field (a
+// message starting with it), NOT_FOUND for another model. Without a seed, sampling gets a random
+// one (OpenAI's default: sampled text differs between requests); without temperature it is 1.
+Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model);
+
+// ---- responses ---------------------------------------------------------------------------------
+
+// What every object of one response carries.
+struct ResponseHeader {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  std::string id;       // "cmpl-…" / "chatcmpl-…"
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+// The id of a response to request `request_id`.
+std::string response_id(OpenAiEndpoint endpoint, const std::string& request_id);
+
+// The whole response (stream false): one choice with all the text, usage, and the "baton"
+// extension (timing breakdown, workers).
+std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& outcome);
+
+// One streamed chunk with `text` (chat: the first carries the assistant role). `outcome`: on the
+// last chunk with a choice, its finish_reason (and the extension when `include_usage` is false,
+// since then no usage chunk follows). `include_usage`: chunks carry "usage": null, as OpenAI's do.
+std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* outcome,
+                       bool include_usage);
+// The usage chunk that ends a stream with include_usage: no choices, usage, the extension.
+std::string usage_chunk_body(const ResponseHeader& h, const PipelineOutcome& outcome);
+// One Server-Sent Event: "data: <json>\n\n".
+std::string sse_event(const std::string& json);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// The timing breakdown as response headers (X-Baton-Queue-Seconds, ...).
+std::vector<std::pair<std::string, std::string>> timing_headers(const PipelineOutcome& outcome);
+
+// GET /v1/models (every served model) and GET /v1/models/{id}. `created`: Unix seconds.
+std::string models_body(const ServedModel& model, int64_t created);
+std::string model_body(const ServedModel& model, int64_t created);
+
+// ---- errors ------------------------------------------------------------------------------------
+
+// The HTTP status for a baton status: INVALID_ARGUMENT / FAILED_PRECONDITION 400,
+// UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED
+// 499 (the client closed the request), INTERNAL / DATA_LOSS 500, UNIMPLEMENTED 501, UNAVAILABLE
+// 503, DEADLINE_EXCEEDED 504.
+int http_status_of(StatusCode code);
+// {"error": {"message", "type", "param", "code"}} for `status` answered with `http_status`.
+// The message names request fields as OpenAI does (temperature, not sampling.temperature);
+// `param` is the field it starts with, or null.
+std::string error_body(int http_status, const Status& status);
+
+}  // namespace baton

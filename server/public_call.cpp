@@ -1,0 +1,128 @@
+#include "server/public_call.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+namespace baton {
+
+PublicCall::PublicCall(FrontendContext& fc) : fc_(fc), arrival_(fc.pipeline.clock->now()) {
+  if (fc_.live_calls != nullptr) fc_.live_calls->fetch_add(1);
+}
+
+PublicCall::~PublicCall() {
+  if (fc_.live_calls != nullptr) fc_.live_calls->fetch_sub(1);
+}
+
+Status PublicCall::authorize(std::string_view authorization) {
+  if (fc_.api_keys == nullptr) return {};
+  return fc_.api_keys->check_authorization(authorization, &key_max_priority_);
+}
+
+void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline, const SpecOptions& options) {
+  if (fc_.draining != nullptr && fc_.draining->load()) {
+    refuse(unavailable("this frontend is shutting down; retry on another replica"));
+    return;
+  }
+  SpecOptions opts = options;
+  opts.key_max_priority = key_max_priority_;
+  // A client that names no request gets a random public id (the workers see other ids).
+  auto spec = make_generate_spec(request, *fc_.model, "req-" + random_request_id().substr(0, 16), opts);
+  if (!spec.ok()) {
+    refuse(spec.status());
+    return;
+  }
+  spec_ = std::move(*spec);
+  text_.emplace(*fc_.model->tokenizer, spec_.stop);
+  PipelineRequest pr;
+  pr.label = spec_.request_id;
+  pr.prompt_ids = spec_.prompt_ids;
+  pr.max_tokens = spec_.max_tokens;
+  pr.sampling = spec_.sampling;
+  pr.ignore_eos = spec_.ignore_eos;
+  pr.stop_ids = fc_.model->tokenizer->stop_ids();
+  pr.priority = spec_.priority;
+  pr.model_fingerprint = fc_.model->fingerprint;
+  pr.arrival = arrival_;
+  pr.call_deadline = deadline;
+  if (deadline != CallDeadline::max()) {
+    pr.deadline = arrival_ + std::chrono::duration_cast<TimePoint::duration>(deadline - std::chrono::system_clock::now());
+  }
+  if (fc_.metrics) fc_.metrics->prompt_tokens_total.Add({}).Increment(static_cast<double>(pr.prompt_ids.size()));
+  spdlog::info("req={}: {} prompt tokens, max_tokens {}", pr.label, pr.prompt_ids.size(), pr.max_tokens);
+  auto pipeline = RequestPipeline::create(fc_.pipeline, std::move(pr), shared_from_this());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pipeline_ = pipeline;
+  }
+  pipeline->start();
+}
+
+void PublicCall::refuse(const Status& status) {
+  spdlog::info("req={} refused: {}", spec_.request_id.empty() ? "-" : spec_.request_id, status.to_string());
+  count_end(status);
+  emit_end(status, PipelineOutcome{}, std::string());
+}
+
+void PublicCall::cancel(const Status& why) {
+  std::shared_ptr<RequestPipeline> pipeline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pipeline = pipeline_;
+  }
+  if (pipeline != nullptr) pipeline->cancel(why);
+}
+
+void PublicCall::count_end(const Status& status) {
+  if (fc_.metrics) fc_.metrics->requests_total.Add({{"code", status_code_name(status.code())}}).Increment();
+}
+
+ResponseSink::Accepted PublicCall::on_tokens(std::span<const int32_t> ids) {
+  Accepted a;
+  std::string text;
+  for (int32_t id : ids) {
+    if (text_->stopped()) break;
+    ++a.n;
+    text += text_->push(id);
+  }
+  a.stop = text_->stopped();
+  if (!first_token_seen_ && a.n > 0) {
+    first_token_seen_ = true;
+    if (fc_.metrics) {
+      const auto labels = Metrics::role_labels("frontend", fc_.name);
+      fc_.metrics->histogram(fc_.metrics->ttft_seconds, labels)
+          .Observe(std::chrono::duration<double>(fc_.pipeline.clock->now() - arrival_).count());
+    }
+  }
+  emit_tokens(ids.first(a.n), text);
+  return a;
+}
+
+void PublicCall::on_failover(const std::string& reason, const Status&) {
+  if (fc_.metrics) fc_.metrics->request_failovers_total.Add({{"reason", reason}}).Increment();
+}
+
+void PublicCall::on_end(const Status& status, const PipelineOutcome& o) {
+  count_end(status);
+  if (!status.ok()) {
+    spdlog::info("req={} ended: {}", spec_.request_id, status.to_string());
+    emit_end(status, o, std::string());
+    return;
+  }
+  spdlog::info("req={} done: {} tokens, finish {}, ttft {:.3f}s, e2e {:.3f}s{}", spec_.request_id, o.n_generated,
+               o.finish_reason, o.ttft_seconds, o.e2e_seconds,
+               o.failovers > 0 ? ", failovers " + std::to_string(o.failovers) : std::string());
+  if (fc_.metrics) {
+    const auto labels = Metrics::role_labels("frontend", fc_.name);
+    fc_.metrics->histogram(fc_.metrics->queue_seconds, labels).Observe(o.queue_seconds);
+    fc_.metrics->generation_tokens_total.Add({}).Increment(o.n_generated);
+    fc_.metrics->histogram(fc_.metrics->e2e_seconds, labels).Observe(o.e2e_seconds);
+    if (o.n_generated > 1) {
+      fc_.metrics->histogram(fc_.metrics->tpot_seconds, labels)
+          .Observe((o.e2e_seconds - o.ttft_seconds) / (o.n_generated - 1));
+    }
+  }
+  emit_end(status, o, text_->finish());
+}
+
+}  // namespace baton
