@@ -198,6 +198,12 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   return m;
 }
 
+// The KV pool's size, where operators size --kv-blocks from (0: the default).
+void log_kv_pool(const char* role, int64_t n_blocks, int block_size, int64_t block_bytes) {
+  spdlog::info("{} KV pool: {} blocks of {} tokens = {} tokens, {:.1f} MiB", role, n_blocks, block_size,
+               n_blocks * block_size, static_cast<double>(n_blocks * block_bytes) / (1 << 20));
+}
+
 // A gRPC server with health checking (grpc.health.v1) and reflection.
 // Internal messages (worker calls, KV chunks) are bounded too, far above what they carry (a KV
 // chunk is kept under 4 MiB by the prefill worker).
@@ -387,6 +393,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   dc.local_prefill_max_tokens = a.local_prefill_max_tokens;
   dc.local_prefill_token_budget = a.local_prefill_token_budget;
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
+  log_kv_pool("decode", dc.n_blocks, dc.block_size, decode_kv_block_bytes(r->m.model->config(), dc.block_size, dc.kv_dtype));
   r->engine->start();
   r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model, std::chrono::seconds(a.max_request_seconds));
   std::vector<grpc::Service*> services = {r->service.get()};
@@ -425,6 +432,8 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
+  log_kv_pool("prefill", r->engine->config().n_blocks, pc.block_size,
+              decode_kv_block_bytes(r->m.model->config(), pc.block_size, pc.kv_dtype));
   r->engine->start();
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
   BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server));
