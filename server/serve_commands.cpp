@@ -428,7 +428,10 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   pc.kv_dtype = r->m.kv_dtype;
   pc.n_blocks = a.kv_blocks;
   pc.name = name;
-  pc.stream_kv = a.kv_stream;
+  // The device transports hold one communicator (nccl) or staging window per decode worker for a
+  // whole transfer: a transfer open across a prompt's prefill would hold up the next one, so they
+  // send after the prefill.
+  pc.stream_kv = a.kv_stream && a.kv_transport == "tcp";
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);

@@ -31,9 +31,10 @@ namespace baton {
 class TcpKvTransport final : public KvTransport {
  public:
   // `credentials`: the internal plane's (null = plaintext). `deadline` bounds one whole transfer
-  // (connect, header, every chunk, the ack).
+  // (connect, header, every chunk, the ack); a streamed transfer starts with its prompt's prefill,
+  // so the bound covers that prefill too.
   explicit TcpKvTransport(std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
-                          std::chrono::milliseconds deadline = std::chrono::seconds(60));
+                          std::chrono::milliseconds deadline = std::chrono::seconds(300));
 
   std::string name() const override { return "tcp"; }
   // Errors: the decode worker's refusal as sent (FAILED_PRECONDITION, INVALID_ARGUMENT,
