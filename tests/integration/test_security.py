@@ -170,6 +170,9 @@ def internal_calls(pb, channel, fingerprint="x"):
     return {
         "Prefill": code(lambda: prefill.Prefill(w.PrefillRequest(request_id="x"), timeout=5)),
         "PrefillWorker.GetLoad": code(lambda: prefill.GetLoad(w.LoadRequest(), timeout=5)),
+        # A KV probe (batonctl doctor) makes the prefill worker send KV: members only, like the rest.
+        "ProbeKv": code(lambda: prefill.ProbeKv(w.KvProbeRequest(decode_address="127.0.0.1:1", bytes=1, rounds=1),
+                                                timeout=5)),
         "Admit": code(lambda: decode.Admit(w.AdmitRequest(request_id="x", n_prompt_tokens=8, max_tokens=8,
                                                           model_fingerprint=fingerprint), timeout=5)),
         "Stream": code(lambda: decode.Stream(w.StreamRequest(request_id="x"), timeout=5)),
