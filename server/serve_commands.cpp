@@ -27,6 +27,7 @@
 #include "decode_worker/decode_service.h"
 #include "kv/kv_probe.h"
 #include "kv/tcp/tcp_transport.h"
+#include "server/admin_service.h"
 #include "server/request_spec.h"
 #if BATON_WITH_CUDA_KV
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
@@ -455,6 +456,7 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
 
 struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
+  std::unique_ptr<AdminService> admin;  // on the public port, for privileged callers only
   std::unique_ptr<RpcServer> server;
   std::unique_ptr<HttpApi> http;  // null without --http-listen
 
@@ -501,8 +503,9 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
-  BATON_ASSIGN_OR_RETURN(r->server,
-                         RpcServer::start(listen, {r->frontend.get()}, sec.public_server, a.max_message_bytes));
+  r->admin = std::make_unique<AdminService>(*r->frontend);
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get(), r->admin.get()}, sec.public_server,
+                                                     a.max_message_bytes));
   // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
   r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
   if (!a.http_listen.empty()) {
