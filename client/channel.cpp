@@ -5,8 +5,10 @@
 
 namespace baton::ctl {
 
-void add_connection_flags(CLI::App* command, Connection& c) {
-  command->add_option("--address", c.address, "Frontend host:port")->capture_default_str()->envname("BATONCTL_ADDRESS");
+void add_connection_flags(CLI::App* command, Connection& c, bool with_address) {
+  if (with_address) {
+    command->add_option("--address", c.address, "Frontend host:port")->capture_default_str()->envname("BATONCTL_ADDRESS");
+  }
   command->add_option("--tls-ca", c.tls.ca, "PEM CA that signed the frontend's certificate (connect over TLS)")
       ->envname("BATONCTL_TLS_CA");
   command->add_option("--tls-cert", c.tls.cert, "PEM client certificate, for a frontend that asks for one (mTLS)")

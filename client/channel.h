@@ -1,4 +1,4 @@
-// What both batonctl commands need to talk to a frontend: the connection flags and channel
+// What every batonctl command needs to talk to a frontend: the connection flags and channel
 // (TLS, API key), gRPC status codes by name, deadlines, and the process exit codes.
 #pragma once
 
@@ -26,8 +26,9 @@ struct Connection {
   std::string api_key;      // sent as 'authorization: Bearer <key>'
 };
 
-// --address, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --api-key (and their env vars).
-void add_connection_flags(CLI::App* command, Connection& c);
+// --address, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --api-key (and their env vars);
+// without `with_address` all but --address (a command that names the frontend its own way).
+void add_connection_flags(CLI::App* command, Connection& c, bool with_address = true);
 
 // A channel to the frontend: TLS when a --tls-* file is given, plaintext otherwise. nullptr and
 // `*error` (naming the flag) when a file cannot be used.

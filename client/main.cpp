@@ -1,24 +1,27 @@
 // `batonctl`: the command-line client of baton's public Generation API.
 //   batonctl generate  stream one completion and its timing breakdown
 //   batonctl bench     load-test a frontend (closed loop or Poisson arrivals)
+//   batonctl doctor    check a deployment: its roles, their agreement, every KV link's bandwidth
 // Errors are one line on stderr, "batonctl: error: ...", with exit code 1 (server or RPC
-// failure), 2 (bad flags) or 130 (interrupted); nothing throws out.
+// failure; doctor: a problem found), 2 (bad flags) or 130 (interrupted); nothing throws out.
 #include <cstdio>
 #include <exception>
 #include <functional>
 
 #include "client/bench_command.h"
 #include "client/channel.h"
+#include "client/doctor_command.h"
 #include "client/generate_command.h"
 #include "client/interrupt_watcher.h"
 
 int main(int argc, char** argv) {
   using namespace baton::ctl;
-  CLI::App app{"batonctl: client for a baton frontend", "batonctl"};
+  CLI::App app{"batonctl: client for a baton deployment", "batonctl"};
   app.require_subcommand(1);
   std::function<int(InterruptWatcher&)> run;
   add_generate_command(app, &run);
   add_bench_command(app, &run);
+  add_doctor_command(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

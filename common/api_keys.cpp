@@ -16,6 +16,11 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// The whole of `s` as an int (no sign but '-', no spaces).
+bool parse_int(std::string_view s, int* value) {
+  return !s.empty() && std::from_chars(s.data(), s.data() + s.size(), *value).ptr == s.data() + s.size();
+}
+
 bool same_time(const struct timespec& a, const struct timespec& b) {
   return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
@@ -49,19 +54,22 @@ Result<std::vector<ApiKey>> parse_api_keys(const std::string& text, const std::s
                               " characters; use at least " + std::to_string(ApiKeys::kMinKeyLength) +
                               " (e.g. openssl rand -hex 32)");
     }
-    if (space != std::string_view::npos) {
-      const std::string_view option = trim(rest.substr(space));
-      constexpr std::string_view kOption = "max-priority=";
+    std::string_view options = space == std::string_view::npos ? std::string_view() : trim(rest.substr(space));
+    while (!options.empty()) {
+      const size_t end = options.find_first_of(" \t");
+      const std::string_view option = options.substr(0, end);
+      options = end == std::string_view::npos ? std::string_view() : trim(options.substr(end));
+      constexpr std::string_view kPriority = "max-priority=";
       int value = 0;
-      const char* begin = option.data() + kOption.size();
-      const char* end = option.data() + option.size();
-      const bool ok = option.rfind(kOption, 0) == 0 && begin != end &&
-                      std::from_chars(begin, end, value).ptr == end;
-      if (!ok) {
+      if (option == "admin" && !key.admin) {
+        key.admin = true;
+      } else if (option.rfind(kPriority, 0) == 0 && !key.max_priority &&
+                 parse_int(option.substr(kPriority.size()), &value)) {
+        key.max_priority = value;
+      } else {
         return invalid_argument("--api-key-file: " + where() + " has '" + std::string(option) +
-                                "' after the key; the only option is max-priority=N");
+                                "' after the key; the options are max-priority=N and admin, each at most once");
       }
-      key.max_priority = value;
     }
     keys.push_back(std::move(key));
   }
@@ -109,7 +117,8 @@ void ApiKeys::refresh() {
   spdlog::info("--api-key-file: read {} keys from '{}'", keys_.size(), path_);
 }
 
-Status ApiKeys::check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority) {
+Status ApiKeys::check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority,
+                                    bool* admin) {
   constexpr std::string_view kHow =
       "send 'authorization: Bearer <key>' (gRPC metadata or an HTTP header) with a key from the frontend's --api-key-file";
   if (authorization.empty()) return unauthenticated("no API key: " + std::string(kHow));
@@ -130,14 +139,15 @@ Status ApiKeys::check_authorization(std::string_view authorization, std::optiona
   }
   if (match == nullptr) return unauthenticated("the API key is not valid: " + std::string(kHow));
   if (max_priority != nullptr) *max_priority = match->max_priority;
+  if (admin != nullptr) *admin = match->admin;
   return {};
 }
 
-Status ApiKeys::check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority) {
+Status ApiKeys::check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority, bool* admin) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return check_authorization("", max_priority);
-  return check_authorization(std::string_view(it->second.data(), it->second.size()), max_priority);
+  if (it == metadata.end()) return check_authorization("", max_priority, admin);
+  return check_authorization(std::string_view(it->second.data(), it->second.size()), max_priority, admin);
 }
 
 }  // namespace baton

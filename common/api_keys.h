@@ -1,9 +1,11 @@
 // Public API keys (--api-key-file): a client proves it may use the frontend by sending
 // `authorization: Bearer <key>` (gRPC metadata, or the HTTP header OpenAI clients send). The file
 // holds one key per line (blank lines and lines starting with '#' are skipped), optionally followed by
-// `max-priority=N`: the highest request priority that key may ask for (a privileged caller);
-// keys without it get the frontend's --max-priority. The file is read again when it changes, so
-// keys rotate without a restart. Keys are compared in constant time.
+// options, separated by spaces: `max-priority=N`, the highest request priority that key may ask
+// for (a privileged caller; keys without it get the frontend's --max-priority), and `admin`, which
+// lets the key call the Admin service (admin.proto: the deployment's workers, for batonctl
+// doctor). The file is read again when it changes, so keys rotate without a restart. Keys are
+// compared in constant time.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -24,6 +26,7 @@ namespace baton {
 struct ApiKey {
   std::string secret;
   std::optional<int32_t> max_priority;  // nullopt: the frontend's --max-priority
+  bool admin = false;                   // may call the Admin service
 };
 
 class ApiKeys {
@@ -34,10 +37,12 @@ class ApiKeys {
   static constexpr size_t kMinKeyLength = 16;
 
   // OK when the call carries one of the keys (and `*max_priority` = that key's bound, when it
-  // has one); UNAUTHENTICATED with what to send otherwise.
-  Status check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority = nullptr);
+  // has one; `*admin` = whether it is marked admin); UNAUTHENTICATED with what to send otherwise.
+  Status check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority = nullptr,
+               bool* admin = nullptr);
   // The same for an `authorization` header value ("Bearer <key>"; "" = absent).
-  Status check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority = nullptr);
+  Status check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority = nullptr,
+                             bool* admin = nullptr);
 
  private:
   explicit ApiKeys(std::string path) : path_(std::move(path)) {}

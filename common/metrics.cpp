@@ -53,6 +53,11 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
                                                           "K and V bytes handed off, per link (src, dst, transport)")),
       request_failovers_total(family<prometheus::Counter>(*r, "baton_request_failovers_total",
                                                           "Requests moved to other workers after a worker failed them, by what failed")),
+      kv_probes_total(family<prometheus::Counter>(*r, "baton_kv_probes_total",
+                                                  "Synthetic KV transfers (batonctl doctor) sent (prefill) or received "
+                                                  "(decode), by result; not counted in any request metric")),
+      kv_probe_bytes_total(family<prometheus::Counter>(*r, "baton_kv_probe_bytes_total",
+                                                       "K and V bytes of synthetic KV transfers sent (prefill) or received (decode)")),
       queue_depth(family<prometheus::Gauge>(*r, "baton_queue_depth", "Requests waiting, per role and worker")),
       running_sequences(family<prometheus::Gauge>(*r, "baton_running_sequences", "Requests in progress, per role and worker")),
       kv_blocks_free(family<prometheus::Gauge>(*r, "baton_kv_blocks_free", "Free KV cache blocks, per worker")),

@@ -38,6 +38,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // labels src, dst, transport
   prometheus::Family<prometheus::Counter>& kv_transfer_bytes_total;   // labels src, dst, transport
   prometheus::Family<prometheus::Counter>& request_failovers_total;   // label reason="prefill|kv_handoff|decode_admit|decode"
+  // KV probes (batonctl doctor), apart from every request metric: role, worker, result="ok|failed".
+  prometheus::Family<prometheus::Counter>& kv_probes_total;
+  prometheus::Family<prometheus::Counter>& kv_probe_bytes_total;     // labels role, worker: K and V bytes probed
   // Gauges.
   prometheus::Family<prometheus::Gauge>& queue_depth;         // requests waiting (frontend: admitted, unplaced; prefill: queued)
   prometheus::Family<prometheus::Gauge>& running_sequences;   // prefill: prompts in progress; decode: sequences generating

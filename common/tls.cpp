@@ -231,4 +231,10 @@ bool is_loopback_address(const std::string& address) {
   return host.rfind("127.", 0) == 0;
 }
 
+bool is_loopback_peer(const std::string& peer) {
+  if (peer.rfind("unix:", 0) == 0 || peer.rfind("unix-abstract:", 0) == 0) return true;
+  const std::string host = peer_host(peer);  // the IPv4 form of an IPv4-mapped IPv6 peer
+  return host.rfind("ipv4:127.", 0) == 0 || host == "ipv6:[::1]";
+}
+
 }  // namespace baton

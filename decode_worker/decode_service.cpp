@@ -49,7 +49,8 @@ v1::DecodeEvent to_proto(const DecodeOutput& o) {
   return e;
 }
 
-void to_proto(const DecodeLoad& l, const Model& model, bool draining, v1::LoadReport* r) {
+void to_proto(const DecodeLoad& l, const Model& model, bool draining, DType kv_dtype,
+              const std::vector<std::string>& kv_transports, v1::LoadReport* r) {
   const ModelConfig& c = model.config();
   r->set_model_fingerprint(model.fingerprint());
   r->set_free_blocks(l.free_blocks);
@@ -59,6 +60,8 @@ void to_proto(const DecodeLoad& l, const Model& model, bool draining, v1::LoadRe
   r->set_draining(draining);
   r->set_local_prefill_max_tokens(l.local_prefill_max_tokens);
   model_info_to_proto(c.name, c, model.fingerprint(), "", r->mutable_model());
+  for (const std::string& t : kv_transports) r->add_kv_transports(t);
+  worker_identity_to_proto(dtype_name(kv_dtype), r);
 }
 
 // A gRPC deadline as a steady-clock time point; nullopt for "none" (gRPC's infinite future).
@@ -237,12 +240,12 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
 
 grpc::ServerReadReactor<v1::KvMessage>* DecodeService::TransferKv(grpc::CallbackServerContext* context,
                                                                   v1::KvAck* response) {
-  return make_kv_receive_reactor(context, response, engine_);
+  return make_kv_receive_reactor(context, response, engine_, kv_probe_);
 }
 
 grpc::ServerUnaryReactor* DecodeService::GetLoad(grpc::CallbackServerContext* context, const v1::LoadRequest* request,
                                                  v1::LoadReport* response) {
-  to_proto(engine_.load(), model_, draining_, response);
+  to_proto(engine_.load(), model_, draining_, engine_.config().kv_dtype, kv_transports_, response);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

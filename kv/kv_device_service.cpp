@@ -21,8 +21,9 @@ Status use_device(int device) {
 
 }  // namespace
 
-KvDeviceService::KvDeviceService(KvReceiver& receiver, const KvDeviceServiceConfig& config)
+KvDeviceService::KvDeviceService(KvReceiver& receiver, const KvDeviceServiceConfig& config, KvReceiver* probe_receiver)
     : receiver_(receiver),
+      probe_(probe_receiver),
       config_(config),
       ipc_(CudaIpcReceiverConfig{config.device, config.n_cached_ipc_mappings}),
       nccl_(NcclReceiverConfig{config.device, config.max_nccl_sessions, config.nccl_init_timeout}) {}
@@ -32,12 +33,12 @@ grpc::Status KvDeviceService::TransferKvDevice(
     grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream) {
   KvStreamCheck check;
   std::unique_ptr<KvDeviceInbound> inbound;
-  bool begun = false;
+  KvReceiver* receiver = nullptr;  // set when kv_begin succeeded: the engine, or the probe sink
   bool acked_open = false;
-  const Status s = transfer(context, stream, check, inbound, begun, acked_open);
+  const Status s = transfer(context, stream, check, inbound, receiver, acked_open);
   if (!s.ok()) {
     spdlog::warn("req={} KV transfer refused: {}", check.begun() ? check.header().request_id : "?", s.to_string());
-    if (begun) receiver_.kv_abort(check.header().request_id);
+    if (receiver != nullptr) receiver->kv_abort(check.header().request_id);
   }
   // Before the open's ack the sender posts nothing, so a refusal up to there leaves the device
   // state both ends share intact.
@@ -47,8 +48,8 @@ grpc::Status KvDeviceService::TransferKvDevice(
 
 Status KvDeviceService::transfer(grpc::ServerContext* context,
                                  grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream,
-                                 KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound, bool& begun,
-                                 bool& acked_open) {
+                                 KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound,
+                                 KvReceiver*& begun, bool& acked_open) {
   auto broken = [&] { return cancelled("the KV transfer was cancelled or its stream broke"); };
   baton::v1::KvDeviceMessage message;
   if (!stream->Read(&message)) {
@@ -61,6 +62,9 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   header.sender = peer_host(context->peer());
   BATON_RETURN_IF_ERROR(check.begin(std::move(header)));
   const std::string& id = check.header().request_id;
+  // The header decides, once, who takes this transfer: a probe never reaches the engine.
+  if (check.header().probe && probe_ == nullptr) return failed_precondition("this decode worker takes no KV probes");
+  KvReceiver& receiver = check.header().probe ? *probe_ : receiver_;
 
   BATON_RETURN_IF_ERROR(use_device(config_.device));
   if (open.transport() == "cuda_ipc") {
@@ -71,8 +75,8 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   } else {
     return invalid_argument("unknown device KV transport '" + open.transport() + "' (expected cuda_ipc or nccl)");
   }
-  BATON_RETURN_IF_ERROR(receiver_.kv_begin(check.header()));
-  begun = true;
+  BATON_RETURN_IF_ERROR(receiver.kv_begin(check.header()));
+  begun = &receiver;
 
   baton::v1::KvDeviceAck ack;
   ack.set_chunk(-1);
@@ -100,7 +104,7 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
     chunk.checksum = desc.checksum();
     BATON_RETURN_IF_ERROR(inbound->fetch(desc, &chunk));
     BATON_RETURN_IF_ERROR(check.check_bytes(chunk));
-    BATON_RETURN_IF_ERROR(receiver_.kv_chunk(id, chunk));
+    BATON_RETURN_IF_ERROR(receiver.kv_chunk(id, chunk));
     check.accept(chunk);
     ack.set_chunk(n);
     if (!stream->Write(ack)) return broken();
@@ -110,7 +114,7 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   if (context->IsCancelled()) return broken();
   BATON_RETURN_IF_ERROR(check.check_complete());
   if (!first_token) return invalid_argument("the KV stream ended without its end (the first token)");
-  return receiver_.kv_end(id, *first_token);
+  return receiver.kv_end(id, *first_token);
 }
 
 grpc::Status KvDeviceService::BootstrapNccl(grpc::ServerContext* context,

@@ -37,8 +37,10 @@ struct KvDeviceServiceConfig {
 
 class KvDeviceService final : public baton::v1::DecodeKvDevice::Service {
  public:
-  // `receiver` must outlive the service. Touches no GPU until the first call.
-  KvDeviceService(KvReceiver& receiver, const KvDeviceServiceConfig& config);
+  // `receiver` (and `probe_receiver`, when given) must outlive the service. Touches no GPU until
+  // the first call. A transfer whose header is flagged `probe` goes to `probe_receiver` (the
+  // decode worker's KvProbeSink, kv/kv_probe.h) after the same checks; without one it is refused.
+  KvDeviceService(KvReceiver& receiver, const KvDeviceServiceConfig& config, KvReceiver* probe_receiver = nullptr);
 
   grpc::Status TransferKvDevice(
       grpc::ServerContext* context,
@@ -47,13 +49,15 @@ class KvDeviceService final : public baton::v1::DecodeKvDevice::Service {
                              baton::v1::NcclBootstrapResponse* response) override;
 
  private:
-  // The transfer itself; `begun` reports whether kv_begin succeeded, `acked_open` whether the
-  // open was acknowledged (the sender may have posted payload from then on).
+  // The transfer itself; `begun` is set to the receiver whose kv_begin succeeded, `acked_open`
+  // whether the open was acknowledged (the sender may have posted payload from then on).
   Status transfer(grpc::ServerContext* context,
                   grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream,
-                  KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound, bool& begun, bool& acked_open);
+                  KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound, KvReceiver*& begun,
+                  bool& acked_open);
 
   KvReceiver& receiver_;
+  KvReceiver* probe_;  // null: probes refused
   const KvDeviceServiceConfig config_;
   CudaIpcReceiver ipc_;
   NcclReceiver nccl_;

@@ -162,6 +162,49 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
   grpc::Status final_status_;
 };
 
+// One ProbeKv call. Finish is called exactly once: in the constructor when the probe does not
+// start, else by the prober's `done` (on its thread, perhaps before the constructor returns: the
+// constructor touches nothing after start). Cancelling the call only abandons the probe, whose
+// `done` then finishes the call CANCELLED. OnDone, which follows Finish, deletes the reactor.
+class ProbeReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ProbeReactor(KvProber* prober, const baton::v1::KvProbeRequest& request, baton::v1::KvProbeResponse* response,
+               bool draining)
+      : prober_(prober) {
+    Status s = unimplemented("this prefill worker runs no KV probes");
+    if (draining) {
+      s = unavailable("this prefill worker is draining");
+    } else if (prober_ != nullptr) {
+      s = prober_->start(this, request.decode_address(), request.bytes(), request.rounds(),
+                         [this, response](Result<KvProbeResult> r) { done(std::move(r), response); });
+    }
+    if (!s.ok()) Finish(to_grpc(s));
+  }
+
+  // A probe that did not start, or has finished, is no longer this caller's: ignored.
+  void OnCancel() override {
+    if (prober_ != nullptr) prober_->cancel(this);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void done(Result<KvProbeResult> r, baton::v1::KvProbeResponse* response) {
+    if (!r.ok()) {
+      Finish(to_grpc(r.status()));
+      return;
+    }
+    response->set_transport(r->transport);
+    response->set_bytes(r->bytes);
+    response->mutable_seconds()->Assign(r->seconds.begin(), r->seconds.end());
+    response->set_latency_bytes(r->latency_bytes);
+    response->mutable_latency_seconds()->Assign(r->latency_seconds.begin(), r->latency_seconds.end());
+    Finish(grpc::Status::OK);
+  }
+
+  KvProber* const prober_;
+};
+
 }  // namespace
 
 Status validate_prefill_request(const baton::v1::PrefillRequest& r, const ModelConfig& model) {
@@ -199,9 +242,17 @@ grpc::ServerUnaryReactor* PrefillService::GetLoad(grpc::CallbackServerContext* c
   response->set_running(load.n_running + load.n_sending);
   response->set_draining(draining_);
   model_info_to_proto(c.name, c, model_.fingerprint(), "", response->mutable_model());
+  response->set_kv_transport(kv_transport_);
+  worker_identity_to_proto(dtype_name(engine_.config().kv_dtype), response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* PrefillService::ProbeKv(grpc::CallbackServerContext* context,
+                                                  const baton::v1::KvProbeRequest* request,
+                                                  baton::v1::KvProbeResponse* response) {
+  return new ProbeReactor(prober_, *request, response, draining_);
 }
 
 }  // namespace baton

@@ -1,5 +1,9 @@
 #include "proto/convert.h"
 
+#include <chrono>
+
+#include "common/version.h"
+
 namespace baton {
 
 SamplingParams sampling_from_proto(const v1::SamplingParams& p) {
@@ -26,6 +30,17 @@ void model_info_to_proto(const std::string& name, const ModelConfig& c, const st
   info->set_context_length(c.n_ctx);
   info->set_vocab_size(c.n_vocab);
   info->set_chat_template(chat_template);
+}
+
+int64_t wall_time_unix_nanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void worker_identity_to_proto(const std::string& kv_dtype, v1::LoadReport* report) {
+  report->set_kv_dtype(kv_dtype);
+  report->set_wall_time_unix_nanos(wall_time_unix_nanos());
+  report->set_version(baton_version());
 }
 
 }  // namespace baton

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "baton/v1/generate.pb.h"
+#include "baton/v1/worker.pb.h"
 #include "model/config.h"
 #include "model/sampler.h"
 
@@ -17,5 +18,12 @@ void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p);
 // `chat_template` may be empty (no template baton knows).
 void model_info_to_proto(const std::string& name, const ModelConfig& config, const std::string& fingerprint,
                          const std::string& chat_template, v1::ModelInfo* info);
+
+// Unix time in nanoseconds (the system clock): the wall clock that load reports carry.
+int64_t wall_time_unix_nanos();
+
+// What every worker's load report says about the worker itself, for batonctl doctor: its KV
+// dtype ("f32", "bf16", "f16"), its wall clock now and baton's version.
+void worker_identity_to_proto(const std::string& kv_dtype, v1::LoadReport* report);
 
 }  // namespace baton

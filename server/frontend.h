@@ -56,6 +56,12 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   Status health() const;
   // What every public call shares (the HTTP API's calls are made over it too).
   FrontendContext& context() { return context_; }
+  // For the Admin service: the workers as the registry sees them now, the model, the API keys
+  // (null: none), the local prefill bound.
+  std::vector<WorkerSnapshot> workers(WorkerRole role) const { return registry_->snapshot(role); }
+  const ServedModel& served_model() const { return model_; }
+  ApiKeys* api_keys() const { return api_keys_.get(); }
+  int64_t local_prefill_max_tokens() const { return local_prefill_max_tokens_; }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;

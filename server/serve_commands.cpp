@@ -25,7 +25,9 @@
 #include "common/tls.h"
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
+#include "kv/kv_probe.h"
 #include "kv/tcp/tcp_transport.h"
+#include "server/admin_service.h"
 #include "server/request_spec.h"
 #if BATON_WITH_CUDA_KV
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
@@ -35,6 +37,7 @@
 #endif
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "prefill_worker/kv_prober.h"
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
 #include "server/engine_commands.h"
@@ -360,9 +363,25 @@ void drain_worker(WorkerRole& r, std::chrono::seconds grace) {
   r.engine->stop();
 }
 
+// What KV of this model and KV dtype looks like on the wire (the KV probes' shape).
+KvProbeShape kv_probe_shape(const LoadedModel& m) {
+  const ModelConfig& c = m.model->config();
+  return KvProbeShape{m.model->fingerprint(), dtype_name(m.kv_dtype), c.n_layers, c.n_kv_heads, c.head_dim};
+}
+
+// The KV transports a decode worker of this build receives over.
+std::vector<std::string> received_kv_transports() {
+#if BATON_WITH_CUDA_KV
+  return {"tcp", "cuda_ipc", "nccl"};
+#else
+  return {"tcp"};
+#endif
+}
+
 struct DecodeRole {
   LoadedModel m;
   std::unique_ptr<DecodeEngine> engine;
+  std::unique_ptr<KvProbeSink> kv_probe;  // takes KV probes (batonctl doctor) instead of the engine
   std::unique_ptr<DecodeService> service;
 #if BATON_WITH_CUDA_KV
   // Receives every device transport this build has (cuda_ipc, nccl); destroyed after the server.
@@ -395,12 +414,14 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
   log_kv_pool("decode", dc.n_blocks, dc.block_size, decode_kv_block_bytes(r->m.model->config(), dc.block_size, dc.kv_dtype));
   r->engine->start();
-  r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model, std::chrono::seconds(a.max_request_seconds));
+  r->kv_probe = std::make_unique<KvProbeSink>(kv_probe_shape(r->m), name, metrics);
+  r->service = std::make_unique<DecodeService>(*r->engine, *r->m.model, std::chrono::seconds(a.max_request_seconds),
+                                               r->kv_probe.get(), received_kv_transports());
   std::vector<grpc::Service*> services = {r->service.get()};
 #if BATON_WITH_CUDA_KV
   KvDeviceServiceConfig kc;
   kc.device = kv_cuda_device(a.device);
-  r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc);
+  r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc, r->kv_probe.get());
   services.push_back(r->kv_device.get());
 #endif
   BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services, sec.internal.server));
@@ -411,6 +432,7 @@ struct PrefillRole {
   LoadedModel m;
   std::unique_ptr<KvTransport> transport;
   std::unique_ptr<PrefillEngine> engine;
+  std::unique_ptr<KvProber> prober;  // KV probes (batonctl doctor) over `transport`, apart from the engine
   std::unique_ptr<PrefillService> service;
   std::unique_ptr<RpcServer> server;
   std::unique_ptr<StallWatch> watch;  // null when --stall-timeout is 0
@@ -438,13 +460,15 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   log_kv_pool("prefill", r->engine->config().n_blocks, pc.block_size,
               decode_kv_block_bytes(r->m.model->config(), pc.block_size, pc.kv_dtype));
   r->engine->start();
-  r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
+  r->prober = std::make_unique<KvProber>(*r->transport, kv_probe_shape(r->m), pc.kv_chunk_bytes, name, metrics);
+  r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model, r->prober.get(), r->transport->name());
   BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server));
   return r;
 }
 
 struct FrontendRole {
   std::unique_ptr<Frontend> frontend;
+  std::unique_ptr<AdminService> admin;  // on the public port, for privileged callers only
   std::unique_ptr<RpcServer> server;
   std::unique_ptr<HttpApi> http;  // null without --http-listen
 
@@ -491,8 +515,9 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
   r->frontend->start();
-  BATON_ASSIGN_OR_RETURN(r->server,
-                         RpcServer::start(listen, {r->frontend.get()}, sec.public_server, a.max_message_bytes));
+  r->admin = std::make_unique<AdminService>(*r->frontend);
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->frontend.get(), r->admin.get()}, sec.public_server,
+                                                     a.max_message_bytes));
   // Health follows the workers: NOT_SERVING while a role has no healthy worker, or draining.
   r->frontend->set_health_reporter([server = r->server.get()](bool serving) { server->set_serving(serving); });
   if (!a.http_listen.empty()) {

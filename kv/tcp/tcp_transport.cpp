@@ -23,6 +23,7 @@ void kv_header_to_proto(const KvTransferHeader& h, baton::v1::KvHeader* p) {
   p->set_head_dim(h.head_dim);
   p->set_n_tokens(h.n_tokens);
   p->mutable_token_ids()->Assign(h.token_ids.begin(), h.token_ids.end());
+  p->set_probe(h.probe);
 }
 
 KvTransferHeader kv_header_from_proto(const baton::v1::KvHeader& p) {
@@ -35,6 +36,7 @@ KvTransferHeader kv_header_from_proto(const baton::v1::KvHeader& p) {
   h.head_dim = p.head_dim();
   h.n_tokens = p.n_tokens();
   h.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
+  h.probe = p.probe();
   return h;
 }
 
@@ -123,8 +125,9 @@ namespace {
 // a time without a lock. A cancelled call completes its pending read with ok = false.
 class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessage> {
  public:
-  KvReceiveReactor(grpc::CallbackServerContext* context, baton::v1::KvAck* response, KvReceiver& receiver)
-      : context_(context), response_(response), receiver_(receiver) {
+  KvReceiveReactor(grpc::CallbackServerContext* context, baton::v1::KvAck* response, KvReceiver& receiver,
+                   KvReceiver* probe_receiver)
+      : context_(context), response_(response), engine_(receiver), probe_(probe_receiver) {
     StartRead(&message_);
   }
 
@@ -155,7 +158,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
 
   void OnDone() override {
     // Every path that finishes the call settles the receiver first; this covers anything else.
-    if (begun_ && !settled_) receiver_.kv_abort(check_.header().request_id);
+    if (begun_ && !settled_) receiver_->kv_abort(check_.header().request_id);
     delete this;
   }
 
@@ -164,7 +167,12 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
     KvTransferHeader header = kv_header_from_proto(message_.header());
     header.sender = peer_host(context_->peer());
     BATON_RETURN_IF_ERROR(check_.begin(std::move(header)));
-    BATON_RETURN_IF_ERROR(receiver_.kv_begin(check_.header()));
+    // The header decides, once, who takes this transfer: a probe never reaches the engine.
+    if (check_.header().probe && probe_ == nullptr) {
+      return failed_precondition("this decode worker takes no KV probes");
+    }
+    receiver_ = check_.header().probe ? probe_ : &engine_;
+    BATON_RETURN_IF_ERROR(receiver_->kv_begin(check_.header()));
     begun_ = true;
     return {};
   }
@@ -173,7 +181,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
     if (!check_.begun()) return invalid_argument("the first KV message must be the header");
     KvChunk chunk = kv_chunk_from_proto(std::move(*message_.mutable_chunk()));
     BATON_RETURN_IF_ERROR(check_.check_bytes(chunk));
-    BATON_RETURN_IF_ERROR(receiver_.kv_chunk(check_.header().request_id, chunk));
+    BATON_RETURN_IF_ERROR(receiver_->kv_chunk(check_.header().request_id, chunk));
     check_.accept(chunk);
     return {};
   }
@@ -194,7 +202,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
       refuse(invalid_argument("the KV stream ended without its end (the first token)"));
       return;
     }
-    const Status s = receiver_.kv_end(check_.header().request_id, *first_token_);
+    const Status s = receiver_->kv_end(check_.header().request_id, *first_token_);
     if (!s.ok()) {
       refuse(s);
       return;
@@ -206,14 +214,16 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
 
   void refuse(const Status& s) {
     spdlog::warn("req={} KV transfer refused: {}", check_.begun() ? check_.header().request_id : "?", s.to_string());
-    if (begun_ && !settled_) receiver_.kv_abort(check_.header().request_id);
+    if (begun_ && !settled_) receiver_->kv_abort(check_.header().request_id);
     settled_ = true;
     Finish(to_grpc(s));
   }
 
   grpc::CallbackServerContext* context_;
   baton::v1::KvAck* response_;
-  KvReceiver& receiver_;
+  KvReceiver& engine_;             // real KV
+  KvReceiver* probe_;             // probes (null: refused)
+  KvReceiver* receiver_ = nullptr;  // the one the header chose (set before begun_)
   baton::v1::KvMessage message_;  // the read in flight
   KvStreamCheck check_;           // the header, and what the chunks so far covered
   bool begun_ = false;            // kv_begin accepted the header
@@ -225,8 +235,9 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
 
 grpc::ServerReadReactor<baton::v1::KvMessage>* make_kv_receive_reactor(grpc::CallbackServerContext* context,
                                                                        baton::v1::KvAck* response,
-                                                                       KvReceiver& receiver) {
-  return new KvReceiveReactor(context, response, receiver);
+                                                                       KvReceiver& receiver,
+                                                                       KvReceiver* probe_receiver) {
+  return new KvReceiveReactor(context, response, receiver, probe_receiver);
 }
 
 }  // namespace baton

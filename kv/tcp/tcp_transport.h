@@ -73,8 +73,11 @@ KvChunk kv_chunk_from_proto(baton::v1::KvLayerChunk&& proto);
 // Any refusal (its own or the receiver's) finishes the call with that status and calls
 // kv_abort; so does a cancelled or broken stream. kv_abort is called at most once, and only
 // after kv_begin succeeded. The reactor deletes itself when gRPC is done with it.
+// A header flagged `probe` goes to `probe_receiver` instead (kv/kv_probe.h's KvProbeSink), for the
+// whole transfer, after the same checks; without one it is refused (FAILED_PRECONDITION).
 grpc::ServerReadReactor<baton::v1::KvMessage>* make_kv_receive_reactor(grpc::CallbackServerContext* context,
                                                                        baton::v1::KvAck* response,
-                                                                       KvReceiver& receiver);
+                                                                       KvReceiver& receiver,
+                                                                       KvReceiver* probe_receiver = nullptr);
 
 }  // namespace baton

@@ -139,9 +139,9 @@ def series_names(metrics):
 
 
 # Label names: baton's own (common/metrics.h: role, worker; src, dst, transport of a KV link; code;
-# reason), the histogram bucket bound, and the target labels the scrape configs set.
-KNOWN_LABELS = {"role", "worker", "src", "dst", "transport", "code", "reason", "le", "namespace", "pod", "component",
-                "instance", "job", "deployment"}
+# reason; a KV probe's result), the histogram bucket bound, and the target labels the scrape configs set.
+KNOWN_LABELS = {"role", "worker", "src", "dst", "transport", "code", "reason", "result", "le", "namespace", "pod",
+                "component", "instance", "job", "deployment"}
 # Series from elsewhere the rules may read: the scrape's `up` and kube-state-metrics.
 EXTERNAL_SERIES = {"up", "kube_deployment_status_replicas_available"}
 

@@ -170,6 +170,9 @@ def internal_calls(pb, channel, fingerprint="x"):
     return {
         "Prefill": code(lambda: prefill.Prefill(w.PrefillRequest(request_id="x"), timeout=5)),
         "PrefillWorker.GetLoad": code(lambda: prefill.GetLoad(w.LoadRequest(), timeout=5)),
+        # A KV probe (batonctl doctor) makes the prefill worker send KV: members only, like the rest.
+        "ProbeKv": code(lambda: prefill.ProbeKv(w.KvProbeRequest(decode_address="127.0.0.1:1", bytes=1, rounds=1),
+                                                timeout=5)),
         "Admit": code(lambda: decode.Admit(w.AdmitRequest(request_id="x", n_prompt_tokens=8, max_tokens=8,
                                                           model_fingerprint=fingerprint), timeout=5)),
         "Stream": code(lambda: decode.Stream(w.StreamRequest(request_id="x"), timeout=5)),
@@ -410,7 +413,7 @@ def test_kv_only_from_the_prefill_worker_the_admit_named(pb, pki, test_model, se
             stub.Admit(pb.worker.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender=kv_sender,
                                               model_fingerprint=fingerprint), timeout=10)
             header = pb.worker.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2,
-                                        n_kv_heads=2, head_dim=16, n_tokens=8, first_token=1, token_ids=PROMPT)
+                                        n_kv_heads=2, head_dim=16, n_tokens=8, token_ids=PROMPT)
             try:
                 stub.TransferKv(iter([pb.worker.KvMessage(header=header)]), timeout=10)
                 return grpc.StatusCode.OK, ""
@@ -569,7 +572,7 @@ def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, p
         stub.Admit(w.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender="127.0.0.1:1",
                                   model_fingerprint=fingerprint), timeout=10)
         header = w.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2, n_kv_heads=2,
-                            head_dim=16, n_tokens=8, first_token=1, token_ids=PROMPT)
+                            head_dim=16, n_tokens=8, token_ids=PROMPT)
         chunk = w.KvLayerChunk(layer=0, token_start=0, token_count=8, k=bytes(65 << 20), v=b"")
         with pytest.raises(grpc.RpcError) as e:
             stub.TransferKv(iter([w.KvMessage(header=header), w.KvMessage(chunk=chunk)]), timeout=60)

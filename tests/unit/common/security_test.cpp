@@ -108,6 +108,17 @@ TEST_CASE("peer hosts: a peer's host, and the hosts an address connects from", "
   CHECK(peer_hosts_of("no-such-host.invalid:1").empty());
 }
 
+TEST_CASE("loopback peers are callers on this host", "[security]") {
+  for (const char* p : {"ipv4:127.0.0.1:41234", "ipv4:127.9.9.9:1", "ipv6:[::1]:5", "ipv6:[::ffff:127.0.0.1]:5",
+                        "unix:/tmp/baton.sock", "unix-abstract:baton"}) {
+    CHECK(is_loopback_peer(p));
+  }
+  for (const char* p : {"ipv4:10.0.0.7:41234", "ipv4:192.0.2.2:5", "ipv6:[fd00::1]:5", "ipv6:[::ffff:10.0.0.7]:5",
+                        "ipv4:128.0.0.1:5", ""}) {
+    CHECK_FALSE(is_loopback_peer(p));
+  }
+}
+
 TEST_CASE("certificate files are checked before anything listens", "[security]") {
   TempDir dir;
   Identity ca, leaf, other, expired;
@@ -187,8 +198,23 @@ TEST_CASE("API keys: parsing, constant-time comparison, bearer tokens", "[securi
   CHECK_FALSE((*keys)[0].max_priority.has_value());
   CHECK((*keys)[1].secret == "key-bbbbbbbbbbbbbbbb");
   CHECK((*keys)[1].max_priority == 50);
+  // `admin` (the Admin service) and max-priority, in either order, each at most once.
+  auto admin = parse_api_keys("key-aaaaaaaaaaaaaaaa admin\nkey-bbbbbbbbbbbbbbbb  max-priority=3\tadmin\n"
+                              "key-cccccccccccccccc admin max-priority=-2\n", "keys.txt");
+  REQUIRE(admin.ok());
+  REQUIRE(admin->size() == 3);
+  CHECK((*admin)[0].admin);
+  CHECK_FALSE((*admin)[0].max_priority.has_value());
+  CHECK((*admin)[1].admin);
+  CHECK((*admin)[1].max_priority == 3);
+  CHECK((*admin)[2].admin);
+  CHECK((*admin)[2].max_priority == -2);
+  CHECK_FALSE((*keys)[0].admin);
+  CHECK_FALSE((*keys)[1].admin);
   for (const char* bad : {"key-aaaaaaaaaaaaaaaa priority=5", "key-aaaaaaaaaaaaaaaa max-priority=",
-                          "key-aaaaaaaaaaaaaaaa max-priority=5x"}) {
+                          "key-aaaaaaaaaaaaaaaa max-priority=5x", "key-aaaaaaaaaaaaaaaa admin admin",
+                          "key-aaaaaaaaaaaaaaaa max-priority=1 max-priority=2", "key-aaaaaaaaaaaaaaaa Admin",
+                          "key-aaaaaaaaaaaaaaaa max-priority"}) {
     auto parsed = parse_api_keys(bad, "keys.txt");
     REQUIRE_FALSE(parsed.ok());
     CHECK_THAT(parsed.status().message(), Catch::Contains("line 1") && Catch::Contains("max-priority=N"));
@@ -200,15 +226,18 @@ TEST_CASE("API keys: parsing, constant-time comparison, bearer tokens", "[securi
 
   TempDir dir;
   CHECK(ApiKeys::load((dir.path / "missing").string()).status().code() == StatusCode::kNotFound);
-  const std::string path = dir.file("keys", "key-aaaaaaaaaaaaaaaa\nkey-bbbbbbbbbbbbbbbb max-priority=7\n");
+  const std::string path = dir.file("keys", "key-aaaaaaaaaaaaaaaa\nkey-bbbbbbbbbbbbbbbb max-priority=7 admin\n");
   auto loaded = ApiKeys::load(path);
   REQUIRE(loaded.ok());
   ApiKeys& k = **loaded;
   std::optional<int32_t> bound = 99;
-  CHECK(k.check_authorization("Bearer key-aaaaaaaaaaaaaaaa", &bound).ok());
+  bool is_admin = true;
+  CHECK(k.check_authorization("Bearer key-aaaaaaaaaaaaaaaa", &bound, &is_admin).ok());
   CHECK_FALSE(bound.has_value());  // the frontend's --max-priority
-  CHECK(k.check_authorization("bearer key-bbbbbbbbbbbbbbbb", &bound).ok());
+  CHECK_FALSE(is_admin);
+  CHECK(k.check_authorization("bearer key-bbbbbbbbbbbbbbbb", &bound, &is_admin).ok());
   CHECK(bound == 7);
+  CHECK(is_admin);
   for (const char* bad : {"", "key-aaaaaaaaaaaaaaaa", "Bearer key-aaaaaaaaaaaaaaab", "Basic key-aaaaaaaaaaaaaaaa",
                           "Bearer ", "Bearer key-aaaaaaaaaaaaaaaakey-aaaaaaaaaaaaaaaa"}) {
     CAPTURE(bad);

@@ -116,6 +116,11 @@ class RecordingTransport final : public KvTransport {
     std::lock_guard<std::mutex> lock(mu_);
     return sent_.at(id);
   }
+  // Every transfer recorded so far, by request id.
+  std::map<std::string, Sent> all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sent_;
+  }
 
   Status result;  // what send() returns for a complete transfer (and for one cut short below)
   int fail_after_chunks = -1;  // >= 0: send() returns `result` when the receiver is offered one more chunk
