@@ -78,6 +78,7 @@ struct ServeArgs {
   int local_prefill_token_budget = 512;  // decode: most prompt tokens one decode step prefills
   // prefill
   bool kv_stream = true;  // stream each layer's KV while the prompt is prefilled
+  int prefix_cache_blocks = -1;  // most blocks of the prefix cache (-1: the whole KV pool; 0: off)
   int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;
@@ -419,9 +420,15 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   pc.n_blocks = a.kv_blocks;
   pc.name = name;
   pc.stream_kv = a.kv_stream;
+  pc.prefix_cache_blocks = a.prefix_cache_blocks;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
+  const PrefillConfig& resolved = r->engine->config();
+  spdlog::info("prefill worker {}: {} KV blocks of {} tokens, prefix cache {}", name, resolved.n_blocks,
+               resolved.block_size,
+               resolved.prefix_cache_blocks > 0 ? "of up to " + std::to_string(resolved.prefix_cache_blocks) + " blocks"
+                                                : std::string("off"));
   r->engine->start();
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model);
   BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server));
@@ -800,6 +807,11 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--kv-stream", a.kv_stream,
                 "Prefill: send each layer's KV while the prompt is prefilled (true), or after the first token (false)")
       ->envname("BATON_KV_STREAM");
+  c->add_option("--prefix-cache-blocks", a.prefix_cache_blocks,
+                "Prefill: most KV blocks the prefix cache keeps for later prompts sharing a prefix (-1: every block "
+                "of the pool that work in flight does not need; 0: no prefix cache)")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->envname("BATON_PREFIX_CACHE_BLOCKS");
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");
