@@ -191,6 +191,9 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   pending.deadline = req_.deadline;
   pending.avoid_decode = avoid_decode_;
   pending.avoid_prefill = avoid_prefill_;
+  auto tokens = std::make_shared<std::vector<int32_t>>(req_.prompt_ids);
+  tokens->insert(tokens->end(), emitted_.begin(), emitted_.end());
+  pending.tokens = std::move(tokens);
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
     const Status s = scheduler->submit(

@@ -79,6 +79,8 @@ struct ServeArgs {
   // prefill
   bool kv_stream = true;  // stream each layer's KV while the prompt is prefilled
   int prefix_cache_blocks = -1;  // most blocks of the prefix cache (-1: the whole KV pool; 0: off)
+  // frontend: prefix-aware prefill routing, queue tokens per cached prompt token (SchedulerConfig)
+  double prefill_queue_weight = 1.0;
   int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;
@@ -477,6 +479,7 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   fc.pipeline.max_failovers = a.max_failovers;
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
+  fc.scheduler.prefill_queue_weight = a.prefill_queue_weight;
   fc.workers.prefill_optional = a.local_prefill_max_tokens > 0;
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
@@ -812,6 +815,11 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
                 "of the pool that work in flight does not need; 0: no prefix cache)")
       ->check(CLI::Range(-1, 1 << 30))
       ->envname("BATON_PREFIX_CACHE_BLOCKS");
+  c->add_option("--prefill-queue-weight", a.prefill_queue_weight,
+                "Frontend: prefill routing weighs W tokens of a worker's queue as one prompt token its prefix cache "
+                "saves (1: the soonest first token; larger: shorter queues first; 0: the cache alone)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->envname("BATON_PREFILL_QUEUE_WEIGHT");
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");
