@@ -238,16 +238,17 @@ def metric_values(text, name):
     return out
 
 
-def wait_blocks_free(srv, timeout=10):
-    """True once every decode worker's free KV blocks equal its capacity (within `timeout` s)."""
+def wait_blocks_free(srv, timeout=10, role="decode"):
+    """True once every `role` worker's free KV blocks equal its capacity (within `timeout` s). A
+    prefill worker counts the idle blocks of its prefix cache as free: no request holds them."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         text = srv.metrics()
         free = metric_values(text, "baton_kv_blocks_free")
         total = metric_values(text, "baton_kv_blocks_capacity")
-        decode_free = {k: v for k, v in free.items() if 'role="decode"' in k}
-        decode_total = {k: v for k, v in total.items() if 'role="decode"' in k}
-        if decode_free and decode_free == decode_total:
+        role_free = {k: v for k, v in free.items() if f'role="{role}"' in k}
+        role_total = {k: v for k, v in total.items() if f'role="{role}"' in k}
+        if role_free and role_free == role_total:
             return True
         time.sleep(0.1)
     return False
