@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <span>
+#include <unordered_set>
 
 #include "common/metrics.h"
 #include "kv/prefix_hash.h"
@@ -348,16 +349,31 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
 
   std::vector<Slice> slices;
   int budget = config_.token_budget;
+  // Hashes of the full blocks this step's slices complete: they are cached once it has run.
+  std::unordered_set<uint64_t> completing;
+  const auto add_slice = [&](const std::shared_ptr<Job>& job, int32_t start, int32_t n) {
+    slices.push_back({job, start, n});
+    budget -= n;
+    const int bs = config_.block_size;
+    for (size_t i = static_cast<size_t>(start / bs); i < job->hashes.size() && int64_t(i + 1) * bs <= start + n; ++i) {
+      if (int64_t(i + 1) * bs > start) completing.insert(job->hashes[i]);
+    }
+  };
   // The prompt left mid-way by the previous step continues first.
   for (const auto& job : running_) {
     if (budget == 0) break;
-    const int32_t n = std::min(job->n_tokens() - job->n_done, budget);
-    slices.push_back({job, job->n_done, n});
-    budget -= n;
+    add_slice(job, job->n_done, std::min(job->n_tokens() - job->n_done, budget));
   }
   const Clock::time_point now = Clock::now();
   while (budget > 0 && !waiting_.empty()) {
     std::shared_ptr<Job> job = waiting_.front();
+    // Prompts that arrive together with one prefix compute it once: a prompt whose next uncached
+    // block this step completes for another waits for the next step, which reuses it (FIFO: the
+    // jobs behind it wait too). The step is not idle meanwhile: it computes that prefix.
+    if (!job->hashes.empty()) {
+      const int cached = blocks_.match(job->hashes, job->spec.tokens, max_reused_blocks(*job));
+      if (cached < max_reused_blocks(*job) && completing.count(job->hashes[cached]) != 0) break;
+    }
     const int reused = blocks_.allocate(job->hashes, job->spec.tokens, max_reused_blocks(*job),
                                         blocks_.blocks_for(job->n_tokens()), &job->kv);
     if (reused < 0) break;  // FIFO: nobody overtakes the head
@@ -373,9 +389,7 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
     }
     running_.push_back(job);
     if (config_.stream_kv) hand_to_sender_locked(job);  // its chunks go as the steps write them
-    const int32_t n = std::min(job->n_tokens() - job->n_cached, budget);
-    slices.push_back({job, job->n_cached, n});
-    budget -= n;
+    add_slice(job, job->n_cached, std::min(job->n_tokens() - job->n_cached, budget));
   }
   update_gauges_locked();
   return slices;

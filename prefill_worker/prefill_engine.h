@@ -21,8 +21,10 @@
 // A step: the running job left mid-prompt by the previous step goes first, then queued jobs in
 // FIFO order, each taking as many of its remaining tokens as the token budget has left (a prompt
 // longer than that is chunked; its later chunks attend to the earlier chunks' KV, which stays in
-// its blocks). A queued job starts only when the pool can hold its whole prompt; the jobs behind
-// it wait too (FIFO, no overtaking). All the step's tokens go through ONE Model::forward.
+// its blocks). A queued job starts only when the pool can hold its whole prompt, and not in a step
+// that completes the next block of its prefix for another job (it starts in the step after,
+// reusing it); the jobs behind it wait too (FIFO, no overtaking). All the step's tokens go through
+// ONE Model::forward.
 #pragma once
 
 #include <atomic>

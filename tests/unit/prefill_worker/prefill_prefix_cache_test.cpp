@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "common/metrics.h"
 #include "kv/prefix_hash.h"
@@ -379,5 +380,52 @@ TEST_CASE("prefix cache: the load report and the metrics say what is cached", "[
     CHECK(engine.load().queued_prompt_tokens == static_cast<int64_t>(p.size()) - again.n_cached);
     run_all_steps(engine);
     REQUIRE(w.wait_done());
+  }
+}
+
+TEST_CASE("prefix cache: prompts that arrive together with one prefix compute it once", "[prefill][prefix]") {
+  Fixture fx;
+  Seeded s;
+  INFO("seed " << s.seed);
+  const ModelConfig& c = fx.model->config();
+  const int bs = 8;
+  for (const int budget : {512, 16}) {  // the prefix in one step, or chunked over several
+    INFO("budget " << budget);
+    RecordingTransport transport;
+    Metrics metrics;
+    PrefillConfig config;
+    config.block_size = bs;
+    config.token_budget = budget;
+    config.name = "w";
+    PrefillEngine engine(*fx.model, transport, config, &metrics);
+    const auto prefix = random_prompt(s.rng, 4 * bs + static_cast<int>(s.rng() % bs), c.n_vocab);
+    const auto q1 = diverge(s.rng, prefix, prefix.size(), prefix.size() + 1 + s.rng() % 20, c.n_vocab);
+    const auto q2 = diverge(s.rng, prefix, prefix.size(), prefix.size() + 1 + s.rng() % 20, c.n_vocab);
+    const auto q3 = random_prompt(s.rng, 5 + static_cast<int>(s.rng() % 20), c.n_vocab);  // shares nothing
+    const SamplingParams greedy;
+    Probe p1, p2, p3;
+    REQUIRE(engine.submit(make_job("q1", q1, greedy, p1)).ok());
+    REQUIRE(engine.submit(make_job("q2", q2, greedy, p2)).ok());
+    REQUIRE(engine.submit(make_job("q3", q3, greedy, p3)).ok());
+    REQUIRE(engine.run_step_for_test());
+    CHECK(engine.load().n_queued == 2);  // q2 waits for the prefix q1 computes; q3 behind it
+    run_all_steps(engine);
+    for (Probe* p : {&p1, &p2, &p3}) {
+      REQUIRE(p->wait_done());
+      REQUIRE(p->status.ok());
+    }
+    CHECK(p1.n_cached == 0);
+    CHECK(p2.n_cached == expected_cached(q1, q2, bs));
+    CHECK(p2.n_cached == static_cast<int32_t>(prefix.size() / bs * bs));
+    CHECK(p3.n_cached == 0);
+    const auto labels = Metrics::role_labels("prefill", "w");
+    const double computed = metrics.histogram(metrics.prefill_step_tokens, labels).Collect().histogram.sample_sum;
+    CHECK(computed == static_cast<double>(q1.size() + q2.size() - p2.n_cached + q3.size()));
+    for (const auto& [id, q, p] : {std::tuple{"q1", q1, &p1}, std::tuple{"q2", q2, &p2}, std::tuple{"q3", q3, &p3}}) {
+      const Reference ref = reference(*fx.model, q, greedy);
+      CHECK(p->first == ref.first_token);
+      check_kv_close(transport.get(id).kv, ref.kv);
+    }
+    CHECK(engine.load().free_blocks == engine.load().total_blocks);
   }
 }
