@@ -8,8 +8,8 @@ namespace baton {
 
 PrefixCache::PrefixCache(int n_blocks, int block_size, int max_cached)
     : n_total_(n_blocks), block_size_(block_size), max_cached_(max_cached) {
-  BATON_CHECK(n_blocks > 0 && block_size > 0 && max_cached >= 0, "prefix cache of %d blocks of %d, %d cached",
-              n_blocks, block_size, max_cached);
+  BATON_CHECK(n_blocks > 0 && block_size > 0 && max_cached >= 0, "prefix cache of %d blocks of %d, %d cached", n_blocks,
+              block_size, max_cached);
   blocks_.resize(n_blocks);
   if (max_cached_ > 0) tokens_.assign(static_cast<size_t>(n_blocks) * block_size, 0);
   empty_.reserve(n_blocks);
@@ -44,9 +44,8 @@ bool PrefixCache::can_allocate(std::span<const uint64_t> hashes, std::span<const
                                int n_blocks) const {
   std::vector<int32_t> matched;
   const int m = match(hashes, tokens, std::min(max_match, n_blocks), &matched);
-  const int idle_reused = static_cast<int>(std::count_if(matched.begin(), matched.end(), [&](int32_t b) {
-    return blocks_[b].refs == 0;
-  }));
+  const int idle_reused =
+      static_cast<int>(std::count_if(matched.begin(), matched.end(), [&](int32_t b) { return blocks_[b].refs == 0; }));
   return n_blocks - m <= n_free() - idle_reused;
 }
 

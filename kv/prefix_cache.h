@@ -37,12 +37,12 @@ namespace baton {
 
 // One sequence's hold on the pool. Owned by the caller, changed only by PrefixCache.
 struct PrefixCacheSeq {
-  std::vector<int32_t> table;  // its blocks in position order (the forward's block table)
-  int n_reused = 0;            // leading blocks of `table` that came from the cache: never written
-  int n_offered = 0;           // leading blocks already in the cache (reused, or through insert)
-  int32_t last = -1;           // the cached block standing for block n_offered - 1
-  bool chain_ended = false;    // no later block of it can be cached (a cached block of another
-                               // prefix, held, has the same hash)
+  std::vector<int32_t> table;                 // its blocks in position order (the forward's block table)
+  int n_reused = 0;                           // leading blocks of `table` that came from the cache: never written
+  int n_offered = 0;                          // leading blocks already in the cache (reused, or through insert)
+  int32_t last = -1;                          // the cached block standing for block n_offered - 1
+  bool chain_ended = false;                   // no later block of it can be cached (a cached block of another
+                                              // prefix, held, has the same hash)
   std::vector<std::pair<int, int32_t>> pins;  // (position, block): cached blocks held beyond `table`
 };
 
@@ -60,7 +60,7 @@ class PrefixCache {
   int blocks_for(int64_t n_tokens) const { return static_cast<int>((n_tokens + block_size_ - 1) / block_size_); }
 
   int n_free() const { return static_cast<int>(empty_.size()) + n_idle_; }  // empty + idle
-  int n_cached() const { return n_cached_; }                               // held or idle
+  int n_cached() const { return n_cached_; }                                // held or idle
   int n_idle() const { return n_idle_; }
   int64_t n_inserted() const { return n_inserted_; }  // blocks that joined the cache so far
   int64_t n_evicted() const { return n_evicted_; }    // cached blocks that left it so far
@@ -101,7 +101,7 @@ class PrefixCache {
     int32_t prev = -1, next = -1;   // LRU neighbours while idle (prev: older)
   };
 
-  // Whether cached block b is block `position` of a prompt given by `tokens`, after `parent`.
+  // Whether block b is cached holding `block_tokens` right after `parent` (-1: as a prompt's first).
   bool verifies(int32_t b, int32_t parent, std::span<const int32_t> block_tokens) const;
   const int32_t* tokens_of(int32_t b) const { return &tokens_[static_cast<size_t>(b) * block_size_]; }
   void hold(int32_t b);    // refs++, off the LRU list if idle
@@ -115,8 +115,8 @@ class PrefixCache {
   const int block_size_;
   const int max_cached_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> tokens_;   // block_size tokens per block: a cached block's, for verification
-  std::vector<int32_t> empty_;    // LIFO: recently freed blocks are warm in cache
+  std::vector<int32_t> tokens_;                  // block_size tokens per block: a cached block's, for verification
+  std::vector<int32_t> empty_;                   // LIFO: recently freed blocks are warm in cache
   std::unordered_map<uint64_t, int32_t> index_;  // hash → cached block
   int32_t lru_oldest_ = -1, lru_newest_ = -1;
   int n_cached_ = 0;

@@ -20,7 +20,9 @@ namespace {
 
 using Tokens = std::vector<int32_t>;
 
-Tokens prefix_of(const Tokens& t, size_t n) { return Tokens(t.begin(), t.begin() + n); }
+Tokens prefix_of(const Tokens& t, size_t n) {
+  return Tokens(t.begin(), t.begin() + n);
+}
 
 // The same policy, written naively: one entry per cached block, keyed by the whole token prefix
 // it ends; LRU order by a counter; a sequence's holds by key.
@@ -38,7 +40,8 @@ class NaiveCache {
   int n_free() const { return n_empty() + n_idle(); }
   int n_cached() const { return static_cast<int>(entries_.size()); }
   int n_idle() const {
-    return static_cast<int>(std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e.second.refs == 0; }));
+    return static_cast<int>(
+        std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e.second.refs == 0; }));
   }
   int64_t n_evicted = 0, n_inserted = 0;
 
@@ -404,7 +407,8 @@ TEST_CASE("prefix cache: colliding hashes cost misses, never another prefix's bl
         l.prompt = source.next(n_total * bs / 3);
         l.hashes = bad_hashes(l.prompt);
         const int n_blocks = cache.blocks_for(static_cast<int64_t>(l.prompt.size()));
-        const int m = cache.allocate(l.hashes, l.prompt, (static_cast<int>(l.prompt.size()) - 1) / bs, n_blocks, &l.seq);
+        const int m =
+            cache.allocate(l.hashes, l.prompt, (static_cast<int>(l.prompt.size()) - 1) / bs, n_blocks, &l.seq);
         if (m < 0) continue;
         for (int i = 0; i < m; ++i) REQUIRE(contents.of[l.seq.table[i]] == prefix_of(l.prompt, size_t(i + 1) * bs));
         reused += m;

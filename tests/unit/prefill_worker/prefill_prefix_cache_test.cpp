@@ -139,7 +139,7 @@ TEST_CASE("prefix cache: after evictions under pressure every prompt still gets 
   PrefillConfig config;
   config.block_size = bs;
   config.token_budget = 16;
-  config.n_blocks = 24;                                     // room for two of the longest prompts
+  config.n_blocks = 24;                                            // room for two of the longest prompts
   config.prefix_cache_blocks = 8 + static_cast<int>(s.rng() % 8);  // fewer than the prompts' blocks
   config.name = "p";
   PrefillEngine engine(*fx.model, transport, config, &metrics);

@@ -22,7 +22,6 @@
 
 namespace baton::testing {
 
-
 struct Fixture : LoadedTestModel {
   Fixture() : LoadedTestModel(TestModelSpec{}) {}  // untied head (the default): logits depend on the KV
 };
@@ -142,7 +141,7 @@ inline void check_kv_close(const Kv& got, const Kv& want) {
 }
 
 inline PrefillJob make_job(const std::string& id, const std::vector<int32_t>& tokens, const SamplingParams& sampling,
-                    Probe& probe) {
+                           Probe& probe) {
   PrefillJob job;
   job.request_id = id;
   job.tokens = tokens;

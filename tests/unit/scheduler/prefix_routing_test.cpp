@@ -46,8 +46,8 @@ struct FakeWorker {
     w.load.cached_blocks = set;
     for (const Tokens& p : sent) {
       const size_t reusable = (p.size() - 1) / block_size;  // as the scheduler records them
-      w.sent_prefixes.push_back(std::make_shared<const std::vector<uint64_t>>(
-          prefix_block_hashes(seed, block_size, p, reusable)));
+      w.sent_prefixes.push_back(
+          std::make_shared<const std::vector<uint64_t>>(prefix_block_hashes(seed, block_size, p, reusable)));
     }
     return w;
   }
@@ -82,7 +82,9 @@ Tokens extend(std::mt19937& rng, const Tokens& base, size_t keep, size_t extra) 
   return t;
 }
 
-PlacementRequest request_of(const Tokens& t) { return {static_cast<int64_t>(t.size()), static_cast<int64_t>(t.size()) + 16, t}; }
+PlacementRequest request_of(const Tokens& t) {
+  return {static_cast<int64_t>(t.size()), static_cast<int64_t>(t.size()) + 16, t};
+}
 
 }  // namespace
 
@@ -127,7 +129,12 @@ TEST_CASE("prefix routing picks the least cost, prefix saved against queue, as a
     std::vector<FakeWorker> fakes;
     const int n = 1 + static_cast<int>(rng() % 4);
     for (int i = 0; i < n; ++i) {
-      FakeWorker f{"p:" + std::to_string(i), bs, seed, {}, {}, static_cast<int64_t>(rng() % (6 * bs)),
+      FakeWorker f{"p:" + std::to_string(i),
+                   bs,
+                   seed,
+                   {},
+                   {},
+                   static_cast<int64_t>(rng() % (6 * bs)),
                    static_cast<int64_t>(rng() % (2 * bs))};
       for (int k = static_cast<int>(rng() % 3); k > 0; --k) f.cached.push_back(prompt());
       for (int k = static_cast<int>(rng() % 2); k > 0; --k) f.sent.push_back(prompt());
@@ -172,7 +179,7 @@ TEST_CASE("prefix routing: a hot prefix spreads over the workers as its queue gr
   const int32_t bs = 16;
   const uint64_t seed = prefix_hash_seed("fp", "f32", bs);
   const Tokens hot = random_tokens(rng, 1000);  // a system prompt
-  const size_t tail = 50 + rng() % 100;          // each request's own part
+  const size_t tail = 50 + rng() % 100;         // each request's own part
   for (const double weight : {1.0, 0.0}) {
     INFO("weight " << weight);
     const PrefillPlacement policy(weight);
@@ -197,7 +204,7 @@ TEST_CASE("prefix routing: a hot prefix spreads over the workers as its queue gr
     }
     // The holder takes the prompts while its queue is shorter than what the prefix saves
     // elsewhere, then the other worker gets one (and with it the prefix), and both share the rest.
-    const int64_t saved = static_cast<int64_t>(hot.size() / bs * bs);         // the hot prefix's whole blocks
+    const int64_t saved = static_cast<int64_t>(hot.size() / bs * bs);             // the hot prefix's whole blocks
     const int64_t per_request = static_cast<int64_t>(hot.size() + tail) - saved;  // computed where it is cached
     CHECK(first_elsewhere == static_cast<int>((saved + per_request - 1) / per_request));
     CHECK(n_placed[1] > 0);
@@ -273,8 +280,10 @@ TEST_CASE("the scheduler sends a repeated prefix to the worker that has it while
     r.n_total_tokens = r.n_prompt_tokens + 16;
     r.arrival = h.clock.now();
     r.tokens = std::make_shared<const Tokens>(tokens);
-    REQUIRE(h.sched.submit(std::move(r), [&h, id](const Placement& p) { h.placed[id] = p; },
-                           [&h, id](const Status& s) { h.failed[id] = s; })
+    REQUIRE(h.sched
+                .submit(
+                    std::move(r), [&h, id](const Placement& p) { h.placed[id] = p; },
+                    [&h, id](const Status& s) { h.failed[id] = s; })
                 .ok());
     REQUIRE(h.is_placed(id));
     return h.placed.at(id).prefill_address;
