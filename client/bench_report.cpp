@@ -188,7 +188,7 @@ std::string format_report(const BenchReport& r) {
     }
   }
   if (r.cached_prompt_tokens) {
-    out += format("%-22s%lld of %lld prompt tokens (%.1f %%)\n", "cached prompt",
+    out += format("%-22s%lld of %lld prompt tokens (hit ratio %.1f %%)\n", "cached prompt",
                   static_cast<long long>(*r.cached_prompt_tokens), static_cast<long long>(r.prompt_tokens),
                   r.prompt_tokens > 0 ? 100.0 * static_cast<double>(*r.cached_prompt_tokens) / r.prompt_tokens : 0.0);
   } else if (chat) {
@@ -251,6 +251,11 @@ nlohmann::ordered_json report_to_json(const BenchReport& r) {
   }
   j["latency_ms"] = lat;
   j["tokens"]["cached_prompt"] = optional_json(r.cached_prompt_tokens);
+  // The prefix cache's hit ratio over the prompt tokens of ok requests.
+  j["tokens"]["cached_prompt_ratio"] =
+      r.cached_prompt_tokens && r.prompt_tokens > 0
+          ? nlohmann::ordered_json(static_cast<double>(*r.cached_prompt_tokens) / static_cast<double>(r.prompt_tokens))
+          : nlohmann::ordered_json(nullptr);
   if (c.slo.any()) {
     j["slo"] = {
         {"ttft_seconds", optional_json(c.slo.ttft_seconds)},

@@ -41,11 +41,19 @@ class Metrics {
   // KV probes (batonctl doctor), apart from every request metric: role, worker, result="ok|failed".
   prometheus::Family<prometheus::Counter>& kv_probes_total;
   prometheus::Family<prometheus::Counter>& kv_probe_bytes_total;     // labels role, worker: K and V bytes probed
+  // The prefill workers' prefix caches (role="prefill", worker): prompt tokens of the prefills
+  // started with a cache (looked up), those of them whose KV came from it (hits), blocks that
+  // joined it and blocks evicted from it.
+  prometheus::Family<prometheus::Counter>& prefix_cache_lookup_tokens_total;
+  prometheus::Family<prometheus::Counter>& prefix_cache_hit_tokens_total;
+  prometheus::Family<prometheus::Counter>& prefix_cache_inserted_blocks_total;
+  prometheus::Family<prometheus::Counter>& prefix_cache_evicted_blocks_total;
   // Gauges.
   prometheus::Family<prometheus::Gauge>& queue_depth;         // requests waiting (frontend: admitted, unplaced; prefill: queued)
   prometheus::Family<prometheus::Gauge>& running_sequences;   // prefill: prompts in progress; decode: sequences generating
   prometheus::Family<prometheus::Gauge>& kv_blocks_free;
   prometheus::Family<prometheus::Gauge>& kv_blocks_total;
+  prometheus::Family<prometheus::Gauge>& prefix_cache_blocks;  // prefill: blocks holding cached prefixes (in use or idle)
 
   // Histogram of `family` for these labels, with the family's buckets.
   prometheus::Histogram& histogram(prometheus::Family<prometheus::Histogram>& family, const prometheus::Labels& labels);

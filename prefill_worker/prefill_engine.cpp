@@ -4,15 +4,21 @@
 
 #include <algorithm>
 #include <span>
+#include <unordered_set>
 
 #include "common/metrics.h"
+#include "kv/prefix_hash.h"
 
 namespace baton {
 
 struct PrefillEngine::Job {
   PrefillJob spec;
-  std::vector<int32_t> blocks;  // cover the whole prompt from the step that starts it, until finish()
-  int32_t n_done = 0;           // tokens prefilled so far; guarded by mu_ (written by the engine thread)
+  std::vector<uint64_t> hashes;  // chained hashes of the prompt's full blocks (empty without a prefix cache)
+  // Its blocks: they cover the whole prompt from the step that starts it until finish(); the
+  // first n_cached / block_size came from the prefix cache and are never written by this job.
+  PrefixCacheSeq kv;
+  int32_t n_cached = 0;          // leading tokens whose KV the cache had; set when it starts
+  int32_t n_done = 0;            // tokens prefilled so far; guarded by mu_ (written by the engine thread)
   int32_t first_token = 0;      // set by the engine thread before `prefilled`
   Clock::time_point submitted;
   Clock::time_point started;  // start of the step that began its prefill
@@ -57,6 +63,7 @@ PrefillConfig resolve_config(PrefillConfig c, const ModelConfig& model) {
     const int64_t tokens = std::max<int64_t>(int64_t{4} * c.token_budget, model.n_ctx);
     c.n_blocks = static_cast<int>((tokens + c.block_size - 1) / c.block_size);
   }
+  if (c.prefix_cache_blocks < 0 || c.prefix_cache_blocks > c.n_blocks) c.prefix_cache_blocks = c.n_blocks;
   return c;
 }
 
@@ -73,6 +80,13 @@ Status validate_prefill_config(const PrefillConfig& c) {
     return invalid_argument("prefill max_queued_tokens must be >= 1, got " + std::to_string(c.max_queued_tokens));
   }
   if (c.n_senders < 1) return invalid_argument("prefill n_senders must be >= 1, got " + std::to_string(c.n_senders));
+  if (c.prefix_cache_blocks < -1) {
+    return invalid_argument("prefix cache blocks must be >= 0 (0: no prefix cache), or -1 (the whole pool), got " +
+                            std::to_string(c.prefix_cache_blocks));
+  }
+  if (c.prefix_report_blocks < 0) {
+    return invalid_argument("prefix_report_blocks must be >= 0, got " + std::to_string(c.prefix_report_blocks));
+  }
   if (c.kv_chunk_bytes < 1 || c.kv_chunk_bytes > kMaxKvChunkBytes) {
     return invalid_argument("prefill kv_chunk_bytes must be in [1, " + std::to_string(kMaxKvChunkBytes) + "], got " +
                             std::to_string(c.kv_chunk_bytes));
@@ -87,16 +101,22 @@ PrefillEngine::PrefillEngine(Model& model, KvTransport& transport, const Prefill
       metrics_(metrics),
       n_vocab_(model.config().n_vocab),
       n_ctx_(model.config().n_ctx),
-      pool_(config_.n_blocks, config_.block_size) {
+      hash_seed_(prefix_hash_seed(model.fingerprint(), dtype_name(config_.kv_dtype), config_.block_size)),
+      blocks_(config_.n_blocks, config_.block_size, config_.prefix_cache_blocks) {
   cache_ = model_.make_kv_cache(config_.n_blocks, config_.block_size, config_.kv_dtype);
   if (metrics_) {
     const auto labels = Metrics::role_labels("prefill", config_.name);
-    metrics_->kv_blocks_total.Add(labels).Set(pool_.n_total());
+    metrics_->kv_blocks_total.Add(labels).Set(blocks_.n_total());
     step_tokens_hist_ = &metrics_->histogram(metrics_->prefill_step_tokens, labels);
     prefill_seconds_hist_ = &metrics_->histogram(metrics_->prefill_seconds, labels);
     queue_depth_gauge_ = &metrics_->queue_depth.Add(labels);
     running_gauge_ = &metrics_->running_sequences.Add(labels);
     blocks_free_gauge_ = &metrics_->kv_blocks_free.Add(labels);
+    cached_blocks_gauge_ = &metrics_->prefix_cache_blocks.Add(labels);
+    lookup_tokens_counter_ = &metrics_->prefix_cache_lookup_tokens_total.Add(labels);
+    hit_tokens_counter_ = &metrics_->prefix_cache_hit_tokens_total.Add(labels);
+    inserted_blocks_counter_ = &metrics_->prefix_cache_inserted_blocks_total.Add(labels);
+    evicted_blocks_counter_ = &metrics_->prefix_cache_evicted_blocks_total.Add(labels);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,14 +197,15 @@ Status PrefillEngine::submit(PrefillJob spec) {
   }
   BATON_RETURN_IF_ERROR(validate_sampling(spec.sampling));
   if (spec.decode_address.empty()) return invalid_argument("request " + spec.request_id + " has no decode address");
-  const int need = pool_.blocks_for(static_cast<int64_t>(spec.tokens.size()));  // block_size is immutable
-  if (need > pool_.n_total()) {
+  const int need = blocks_.blocks_for(static_cast<int64_t>(spec.tokens.size()));  // block_size is immutable
+  if (need > blocks_.n_total()) {
     return invalid_argument("request " + spec.request_id + " needs " + std::to_string(need) +
-                            " KV blocks; this prefill worker has " + std::to_string(pool_.n_total()));
+                            " KV blocks; this prefill worker has " + std::to_string(blocks_.n_total()));
   }
 
   auto job = std::make_shared<Job>();
   job->spec = std::move(spec);
+  if (blocks_.enabled()) job->hashes = prefix_block_hashes(hash_seed_, config_.block_size, job->spec.tokens);
   job->submitted = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,13 +257,20 @@ void PrefillEngine::cancel(const std::string& request_id) {
 PrefillLoad PrefillEngine::load() const {
   std::lock_guard<std::mutex> lock(mu_);
   PrefillLoad l;
-  l.queued_prompt_tokens = waiting_tokens_;
+  for (const auto& job : waiting_) {
+    const int reused = blocks_.match(job->hashes, job->spec.tokens, max_reused_blocks(*job));
+    l.queued_prompt_tokens += job->n_tokens() - int64_t{reused} * config_.block_size;
+  }
   for (const auto& job : running_) l.queued_prompt_tokens += job->n_tokens() - job->n_done;
   l.n_queued = static_cast<int>(waiting_.size());
   l.n_running = static_cast<int>(running_.size());
   l.n_sending = n_sending_locked();
-  l.free_blocks = pool_.n_free();
-  l.total_blocks = pool_.n_total();
+  l.free_blocks = blocks_.n_free();
+  l.total_blocks = blocks_.n_total();
+  l.prefix_cache_blocks = blocks_.max_cached();
+  l.n_cached_blocks = blocks_.n_cached();
+  l.prefix_hash_seed = hash_seed_;
+  l.cached_block_hashes = blocks_.cached_hashes(static_cast<size_t>(config_.prefix_report_blocks));
   return l;
 }
 
@@ -255,7 +283,14 @@ bool PrefillEngine::stalled(std::chrono::steady_clock::time_point now, std::chro
 
 bool PrefillEngine::has_work_locked() const {
   if (!running_.empty()) return true;  // unfinished prompts, or cancelled ones to drop
-  return !waiting_.empty() && pool_.can_allocate(pool_.blocks_for(waiting_.front()->n_tokens()));
+  if (waiting_.empty()) return false;
+  const Job& head = *waiting_.front();
+  return blocks_.can_allocate(head.hashes, head.spec.tokens, max_reused_blocks(head),
+                              blocks_.blocks_for(head.n_tokens()));
+}
+
+int PrefillEngine::max_reused_blocks(const Job& job) const {
+  return (job.n_tokens() - 1) / config_.block_size;
 }
 
 void PrefillEngine::engine_loop() {
@@ -314,25 +349,47 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
 
   std::vector<Slice> slices;
   int budget = config_.token_budget;
+  // Hashes of the full blocks this step's slices complete: they are cached once it has run.
+  std::unordered_set<uint64_t> completing;
+  const auto add_slice = [&](const std::shared_ptr<Job>& job, int32_t start, int32_t n) {
+    slices.push_back({job, start, n});
+    budget -= n;
+    const int bs = config_.block_size;
+    for (size_t i = static_cast<size_t>(start / bs); i < job->hashes.size() && int64_t(i + 1) * bs <= start + n; ++i) {
+      if (int64_t(i + 1) * bs > start) completing.insert(job->hashes[i]);
+    }
+  };
   // The prompt left mid-way by the previous step continues first.
   for (const auto& job : running_) {
     if (budget == 0) break;
-    const int32_t n = std::min(job->n_tokens() - job->n_done, budget);
-    slices.push_back({job, job->n_done, n});
-    budget -= n;
+    add_slice(job, job->n_done, std::min(job->n_tokens() - job->n_done, budget));
   }
   const Clock::time_point now = Clock::now();
   while (budget > 0 && !waiting_.empty()) {
     std::shared_ptr<Job> job = waiting_.front();
-    if (!pool_.grow_to(job->blocks, job->n_tokens())) break;  // FIFO: nobody overtakes the head
+    // Prompts that arrive together with one prefix compute it once: a prompt whose next uncached
+    // block this step completes for another waits for the next step, which reuses it (FIFO: the
+    // jobs behind it wait too). The step is not idle meanwhile: it computes that prefix.
+    if (!job->hashes.empty()) {
+      const int cached = blocks_.match(job->hashes, job->spec.tokens, max_reused_blocks(*job));
+      if (cached < max_reused_blocks(*job) && completing.count(job->hashes[cached]) != 0) break;
+    }
+    const int reused = blocks_.allocate(job->hashes, job->spec.tokens, max_reused_blocks(*job),
+                                        blocks_.blocks_for(job->n_tokens()), &job->kv);
+    if (reused < 0) break;  // FIFO: nobody overtakes the head
     waiting_.pop_front();
     waiting_tokens_ -= job->n_tokens();
     job->started = now;
+    // The cached part is in the cache already: ready for the transfer from the start.
+    job->n_cached = reused * config_.block_size;
+    job->n_done = job->kv_done = job->kv_step_end = job->n_cached;
+    if (metrics_ && blocks_.enabled()) {
+      lookup_tokens_counter_->Increment(job->n_tokens());
+      hit_tokens_counter_->Increment(job->n_cached);
+    }
     running_.push_back(job);
     if (config_.stream_kv) hand_to_sender_locked(job);  // its chunks go as the steps write them
-    const int32_t n = std::min(job->n_tokens(), budget);
-    slices.push_back({job, 0, n});
-    budget -= n;
+    add_slice(job, job->n_cached, std::min(job->n_tokens() - job->n_cached, budget));
   }
   update_gauges_locked();
   return slices;
@@ -352,7 +409,7 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   }
   for (const Slice& s : slices) {
     const bool last = s.start + s.n == s.job->n_tokens();
-    batch_.add(std::span<const int32_t>(s.job->spec.tokens).subspan(s.start, s.n), s.start, s.job->blocks,
+    batch_.add(std::span<const int32_t>(s.job->spec.tokens).subspan(s.start, s.n), s.start, s.job->kv.table,
                last ? Logits::kLast : Logits::kNone);
   }
   // First tokens, sampled at each finished prompt's last position (logits rows in slice order),
@@ -388,6 +445,8 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
       s.job->n_done += s.n;
       s.job->kv_done = s.job->kv_step_end;
       s.job->kv_layers = n_layers;
+      // Its blocks the forward completed are shareable from the next step on.
+      blocks_.insert(&s.job->kv, s.job->hashes, s.job->spec.tokens, s.job->n_done / config_.block_size);
     }
     update_gauges_locked();
   }
@@ -408,9 +467,11 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     const double queue_s = seconds_between(job->submitted, job->started);
     const double prefill_s = seconds_between(job->started, done);
     if (metrics_) prefill_seconds_hist_->Observe(prefill_s);
-    spdlog::debug("req={} prefilled {} tokens: queue {:.3f}s, prefill {:.3f}s, first token {}", job->spec.request_id,
-                  job->n_tokens(), queue_s, prefill_s, job->first_token);
-    if (!job->cancelled && job->spec.on_first_token) job->spec.on_first_token(job->first_token, queue_s, prefill_s);
+    spdlog::debug("req={} prefilled {} tokens ({} from the prefix cache): queue {:.3f}s, prefill {:.3f}s, first token {}",
+                  job->spec.request_id, job->n_tokens(), job->n_cached, queue_s, prefill_s, job->first_token);
+    if (!job->cancelled && job->spec.on_first_token) {
+      job->spec.on_first_token(job->first_token, queue_s, prefill_s, job->n_cached);
+    }
   }
   // Only now may a transfer end (its end carries the first token): on_first_token has returned.
   std::vector<std::shared_ptr<Job>> done_jobs;
@@ -488,7 +549,8 @@ class PrefillEngine::JobSource final : public KvSource {
             if (job_->prefilled) return false;
           } else if (job_->kv_step_end > stretch_end_ || job_->kv_done > stretch_end_) {
             stretch_start_ = start_ = stretch_end_;
-            stretch_end_ = std::max(job_->kv_done, job_->kv_step_end);
+            // The cached part first, on its own: it is complete now, whatever the step in flight.
+            stretch_end_ = stretch_end_ < job_->n_cached ? job_->n_cached : std::max(job_->kv_done, job_->kv_step_end);
             layer_ = 0;
             continue;
           }
@@ -504,7 +566,7 @@ class PrefillEngine::JobSource final : public KvSource {
     c->token_count = n;
     c->k.resize(static_cast<size_t>(n * row_bytes_));
     c->v.resize(static_cast<size_t>(n * row_bytes_));
-    e_.model_.backend().kv_export(*e_.cache_, layer_, job_->blocks.data(), start_, n, c->k.data(), c->v.data());
+    e_.model_.backend().kv_export(*e_.cache_, layer_, job_->kv.table.data(), start_, n, c->k.data(), c->v.data());
     c->checksum = kv_checksum(c->k, c->v);
     start_ += n;
     if (start_ == stretch_end_) {
@@ -604,7 +666,7 @@ void PrefillEngine::finish(const std::shared_ptr<Job>& job) {
   int64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!job->blocks.empty()) pool_.release(job->blocks);
+    if (!job->kv.table.empty()) blocks_.release(&job->kv);
     auto it = jobs_.find(job->spec.request_id);
     if (it != jobs_.end() && it->second == job) jobs_.erase(it);
     // A job that ended early says why; otherwise its transfer's result.
@@ -633,7 +695,12 @@ void PrefillEngine::update_gauges_locked() {
   if (!metrics_) return;
   queue_depth_gauge_->Set(static_cast<double>(waiting_.size()));
   running_gauge_->Set(static_cast<double>(running_.size() + n_sending_locked()));
-  blocks_free_gauge_->Set(pool_.n_free());
+  blocks_free_gauge_->Set(blocks_.n_free());
+  cached_blocks_gauge_->Set(blocks_.n_cached());
+  inserted_blocks_counter_->Increment(static_cast<double>(blocks_.n_inserted() - n_inserted_counted_));
+  evicted_blocks_counter_->Increment(static_cast<double>(blocks_.n_evicted() - n_evicted_counted_));
+  n_inserted_counted_ = blocks_.n_inserted();
+  n_evicted_counted_ = blocks_.n_evicted();
 }
 
 }  // namespace baton

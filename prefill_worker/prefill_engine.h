@@ -5,16 +5,26 @@
 //
 // A job's life: queued (no blocks) → running (blocks for its whole prompt, prefilled over one or
 // more steps) → sending (first token out; the rest of the KV and the first token sent) → done
-// (blocks freed, on_done). With stream_kv its transfer starts when it starts running: a sender
+// (blocks released, on_done). With stream_kv its transfer starts when it starts running: a sender
 // exports each layer of each step as soon as the forward has written it, so by the first token
 // only the last layer's KV is left to send. The blocks are freed once both the engine and the
 // transfer are done with them.
 //
+// Prefix cache (kv/prefix_cache.h): a job that starts reuses the longest cached block prefix of
+// its tokens — at most all its blocks but the one holding its last token, whose logits give the
+// first token, so a prompt made only of cached blocks recomputes its last block — and prefills
+// only the rest: it starts with n_done = kv_done = the cached tokens, so its transfer can send
+// their KV at once. It writes only its own fresh blocks; each of them joins the cache after the
+// step that completed it, for the jobs that start after. The KV sent is always the whole
+// prompt's, the cached part read from the shared blocks.
+//
 // A step: the running job left mid-prompt by the previous step goes first, then queued jobs in
 // FIFO order, each taking as many of its remaining tokens as the token budget has left (a prompt
 // longer than that is chunked; its later chunks attend to the earlier chunks' KV, which stays in
-// its blocks). A queued job starts only when the pool can hold its whole prompt; the jobs behind
-// it wait too (FIFO, no overtaking). All the step's tokens go through ONE Model::forward.
+// its blocks). A queued job starts only when the pool can hold its whole prompt, and not in a step
+// that completes the next block of its prefix for another job (it starts in the step after,
+// reusing it); the jobs behind it wait too (FIFO, no overtaking). All the step's tokens go through
+// ONE Model::forward.
 #pragma once
 
 #include <atomic>
@@ -31,12 +41,13 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kv/block_pool.h"
+#include "kv/prefix_cache.h"
 #include "kv/kv_transfer.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
 namespace prometheus {
+class Counter;
 class Gauge;
 class Histogram;
 }  // namespace prometheus
@@ -59,6 +70,11 @@ struct PrefillConfig {
   int64_t kv_chunk_bytes = 2 << 20;  // most K+V bytes in one KvChunk: chunks stay well below gRPC's
                                      // default 4 MiB message limit; at least one token per chunk
   std::string name;                  // this worker's name (its listen address): metric label, logs
+  // --prefix-cache-blocks: most blocks the prefix cache holds (in use or idle); -1: the whole pool
+  // (cached blocks are taken back whenever work in flight needs room); 0: no prefix cache.
+  // Larger than the pool: the pool.
+  int prefix_cache_blocks = -1;
+  int prefix_report_blocks = 4096;   // most cached block hashes in a load report (8 bytes each)
 };
 
 // INVALID_ARGUMENT naming the field when a value is out of range.
@@ -74,8 +90,10 @@ struct PrefillJob {
   std::string model_fingerprint;  // copied into the KV header (the receiver refuses a mismatch)
   // Called once, on the engine thread, as soon as the first token is sampled (before any KV moves).
   // queue_seconds: submit → the step that starts its prefill; prefill_seconds: that step's start →
-  // the end of the forward that finished the prompt.
-  std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds)> on_first_token;
+  // the end of the forward that finished the prompt; n_cached_tokens: the leading tokens whose KV
+  // came from the prefix cache (not computed).
+  std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds, int32_t n_cached_tokens)>
+      on_first_token;
   // Called exactly once for every accepted job, last: ok when the decode worker acknowledged the
   // whole KV; otherwise the transport's error, CANCELLED, or UNAVAILABLE at shutdown. Runs on the
   // engine thread, a sender thread, or (cancel of a queued job) the thread calling cancel().
@@ -84,12 +102,21 @@ struct PrefillJob {
 
 // What the worker reports to the frontend's scheduler.
 struct PrefillLoad {
-  int64_t queued_prompt_tokens = 0;  // prompt tokens waiting or not yet prefilled
+  // Prompt tokens still to compute: those of running jobs not prefilled yet, and those of waiting
+  // jobs but the part the prefix cache holds now.
+  int64_t queued_prompt_tokens = 0;
   int n_queued = 0;                  // jobs waiting to start
   int n_running = 0;                 // jobs being prefilled (hold blocks, prompt not finished)
   int n_sending = 0;                 // jobs whose KV is being exported or sent
-  int free_blocks = 0;
+  int free_blocks = 0;               // blocks no job holds: empty, or cached and idle (taken on demand)
   int total_blocks = 0;
+  // The prefix cache: its bound (0: none), blocks in it, its hash chain's root
+  // (kv/prefix_hash.h), and the hashes of up to prefix_report_blocks cached blocks, in use first,
+  // then most recently used first.
+  int prefix_cache_blocks = 0;
+  int n_cached_blocks = 0;
+  uint64_t prefix_hash_seed = 0;
+  std::vector<uint64_t> cached_block_hashes;
 };
 
 class PrefillEngine {
@@ -155,6 +182,8 @@ class PrefillEngine {
   // neither the engine nor a sender uses the job.
   void finish(const std::shared_ptr<Job>& job);
   int n_sending_locked() const;  // prefilled jobs whose transfer has not returned
+  // Most leading blocks a job may reuse: all but the one holding its last token.
+  int max_reused_blocks(const Job& job) const;
   bool has_work_locked() const;
   void update_gauges_locked();
 
@@ -169,14 +198,22 @@ class PrefillEngine {
   prometheus::Gauge* queue_depth_gauge_ = nullptr;
   prometheus::Gauge* running_gauge_ = nullptr;
   prometheus::Gauge* blocks_free_gauge_ = nullptr;
+  prometheus::Gauge* cached_blocks_gauge_ = nullptr;
+  prometheus::Counter* lookup_tokens_counter_ = nullptr;
+  prometheus::Counter* hit_tokens_counter_ = nullptr;
+  prometheus::Counter* inserted_blocks_counter_ = nullptr;
+  prometheus::Counter* evicted_blocks_counter_ = nullptr;
+  int64_t n_inserted_counted_ = 0;  // the cache's counts already added to the counters; guarded by mu_
+  int64_t n_evicted_counted_ = 0;
   int n_vocab_ = 0;
   int n_ctx_ = 0;
+  uint64_t hash_seed_ = 0;  // prefix_hash_seed(model fingerprint, KV dtype, block size)
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;                             // engine: new job, cancel, freed blocks, stop
   std::condition_variable send_cv_;                             // senders: a job to send, stop
   std::condition_variable kv_cv_;                               // senders: KV written, a job ended
-  BlockPool pool_;                                              // guarded by mu_
+  PrefixCache blocks_;                                          // the KV blocks and the prefix cache; guarded by mu_
   std::deque<std::shared_ptr<Job>> waiting_;                    // FIFO, no blocks yet; guarded by mu_
   std::vector<std::shared_ptr<Job>> running_;                   // hold blocks, prompt unfinished; guarded by mu_
   std::deque<std::shared_ptr<Job>> to_send_;                    // first token out, KV to send; guarded by mu_

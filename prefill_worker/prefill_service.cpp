@@ -39,8 +39,8 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       job.sampling = sampling_from_proto(request.sampling());
       job.decode_address = request.decode_address();
       job.model_fingerprint = model.fingerprint();
-      job.on_first_token = [this](int32_t token, double queue_s, double prefill_s) {
-        on_first_token(token, queue_s, prefill_s);
+      job.on_first_token = [this](int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
+        on_first_token(token, queue_s, prefill_s, n_cached);
       };
       job.on_done = [this](const Status& status, double transfer_s, int64_t bytes) {
         on_done(status, transfer_s, bytes);
@@ -119,7 +119,7 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
     }
   }
 
-  void on_first_token(int32_t token, double queue_s, double prefill_s) {
+  void on_first_token(int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
     Next next;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -128,6 +128,7 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       ft->set_token_id(token);
       ft->set_queue_seconds(queue_s);
       ft->set_prefill_seconds(prefill_s);
+      ft->set_cached_tokens(n_cached);
       next = claim_locked();
     }
     perform(this, next);
@@ -241,6 +242,10 @@ grpc::ServerUnaryReactor* PrefillService::GetLoad(grpc::CallbackServerContext* c
   response->set_queued_prompt_tokens(load.queued_prompt_tokens);
   response->set_running(load.n_running + load.n_sending);
   response->set_draining(draining_);
+  response->set_prefix_cache_blocks(load.prefix_cache_blocks);
+  response->set_cached_blocks(load.n_cached_blocks);
+  response->set_prefix_hash_seed(load.prefix_hash_seed);
+  response->mutable_cached_block_hashes()->Assign(load.cached_block_hashes.begin(), load.cached_block_hashes.end());
   model_info_to_proto(c.name, c, model_.fingerprint(), "", response->mutable_model());
   response->set_kv_transport(kv_transport_);
   worker_identity_to_proto(dtype_name(engine_.config().kv_dtype), response);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "scheduler/worker_registry.h"
 
@@ -19,6 +20,7 @@ int64_t blocks_for(int64_t n_tokens, int32_t block_size);
 struct PlacementRequest {
   int64_t n_prompt_tokens = 0;  // tokens to prefill
   int64_t n_total_tokens = 0;   // prompt + max new tokens: the KV positions decode must hold
+  std::span<const int32_t> tokens;  // the n_prompt_tokens tokens (empty: unknown, no prefix routing)
 };
 
 class PlacementPolicy {
@@ -41,13 +43,37 @@ class DecodePlacement final : public PlacementPolicy {
                                   const PlacementRequest& request) const override;
 };
 
-// Prefill: among placeable workers, the one with the fewest outstanding prompt tokens (reported
-// queue plus this frontend's unreported ones): its queue drains first, so TTFT is lowest.
-// Ties: the earlier in `workers`.
+// The prompt tokens worker `w` should find in its prefix cache for `tokens`: the longest run of
+// leading whole blocks whose chained hashes (kv/prefix_hash.h, from the root and block size `w`
+// reported) are all among the blocks it reported cached, or that one prompt this frontend sent
+// it since shares; never the block holding the last token (a prefill worker always computes it).
+// 0 when `w` has no prefix cache or `tokens` is empty. `hashes`, when given, are the prompt's
+// block hashes for w's root and block size (prefix_routing_hashes), computed once by the caller.
+int64_t expected_cached_tokens(const WorkerSnapshot& w, std::span<const int32_t> tokens,
+                               const std::vector<uint64_t>* hashes = nullptr);
+// The block hashes expected_cached_tokens looks up on `w`: those of the blocks a prefill worker
+// may reuse (all but the one holding the last token). Empty when `w` has no prefix cache.
+std::vector<uint64_t> prefix_routing_hashes(const WorkerSnapshot& w, std::span<const int32_t> tokens);
+
+// Prefill: among placeable workers, the one where the prompt's first token should come soonest,
+// by an estimate in prompt tokens:
+//   cost(w) = queue_weight × outstanding(w) + (n_prompt_tokens − expected_cached_tokens(w))
+// outstanding: the tokens w still has to prefill (reported queue plus this frontend's unreported
+// placements). With queue_weight = 1 (the default) both terms are prefill work ahead of the first
+// token: a prompt goes to the worker that holds its prefix unless that worker's queue is longer
+// than another's by more than the prefix saves, so one hot prefix spreads over the workers as its
+// queue grows (and is cached on each it reaches). Larger weights favour short queues (∞: fewest
+// outstanding tokens, the policy without prefix routing); 0 follows the cache alone, whatever the
+// queues. Without prefix information the cost is the queue alone. Ties: fewer outstanding tokens,
+// then the earlier in `workers`.
 class PrefillPlacement final : public PlacementPolicy {
  public:
+  explicit PrefillPlacement(double queue_weight = 1.0);  // >= 0
   std::optional<std::string> pick(std::span<const WorkerSnapshot> workers,
                                   const PlacementRequest& request) const override;
+
+ private:
+  double queue_weight_;
 };
 
 }  // namespace baton

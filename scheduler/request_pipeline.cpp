@@ -191,6 +191,9 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   pending.deadline = req_.deadline;
   pending.avoid_decode = avoid_decode_;
   pending.avoid_prefill = avoid_prefill_;
+  auto tokens = std::make_shared<std::vector<int32_t>>(req_.prompt_ids);
+  tokens->insert(tokens->end(), emitted_.begin(), emitted_.end());
+  pending.tokens = std::move(tokens);
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
     const Status s = scheduler->submit(
@@ -331,12 +334,13 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
     return;
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
-  first_token_locked(g, u.token_id, u.queue_seconds, u.prefill_seconds);
+  first_token_locked(g, u.token_id, u.queue_seconds, u.prefill_seconds, u.cached_tokens);
   if (state_ == PipelineState::kEnded) return;
   maybe_complete_locked(g);
 }
 
-void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds) {
+void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds,
+                                         int32_t cached_tokens) {
   attempt_.first_token = true;
   g.after([s = deps_.scheduler, id = attempt_.id] { s->prefill_done(id); });
   state_ = PipelineState::kDecoding;
@@ -345,6 +349,7 @@ void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_s
     first_token_at_ = deps_.clock->now();
     queue_s_ = std::chrono::duration<double>(prefill_sent_ - req_.arrival).count() + queue_seconds;
     prefill_s_ = prefill_seconds;
+    cached_prompt_tokens_ = cached_tokens;
   }
   emit_locked(g, std::span(&token, 1));
   if (state_ == PipelineState::kEnded) return;
@@ -390,7 +395,7 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   std::span<const int32_t> tokens(u.token_ids);
   if (u.first_token_included && !attempt_.first_token && !tokens.empty()) {
     // Prefilled by the decode worker itself: the stream's first token is the request's.
-    first_token_locked(g, tokens.front(), u.queue_seconds, u.prefill_seconds);
+    first_token_locked(g, tokens.front(), u.queue_seconds, u.prefill_seconds, /*cached_tokens=*/0);
     if (state_ == PipelineState::kEnded) return;
     tokens = tokens.subspan(1);
   }
@@ -508,6 +513,7 @@ void RequestPipeline::end_locked(Guard& g, const Status& status) {
   o.n_generated = static_cast<int32_t>(emitted_.size());
   o.queue_seconds = queue_s_;
   o.prefill_seconds = prefill_s_;
+  o.cached_prompt_tokens = cached_prompt_tokens_;
   o.kv_transfer_seconds = kv_transfer_s_;
   o.decode_queue_seconds = decode_queue_s_;
   o.ttft_seconds = have_first_token_ ? since_arrival(first_token_at_) : 0;

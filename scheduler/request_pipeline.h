@@ -80,6 +80,7 @@ struct PipelineOutcome {
   int32_t n_generated = 0;
   double queue_seconds = 0;         // arrival → prefill compute start (first attempt)
   double prefill_seconds = 0;       // prefill compute (first attempt)
+  int32_t cached_prompt_tokens = 0;  // prompt tokens the prefill worker's prefix cache held (first attempt)
   double kv_transfer_seconds = 0;   // the hand-off after the first token (last attempt that moved KV)
   double decode_queue_seconds = 0;  // KV arrived → first decode step (last attempt)
   double ttft_seconds = 0;          // arrival → the first token handed to the sink
@@ -156,7 +157,7 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   bool on_admitted(int32_t attempt, const Status& status);
   void on_prefill_update(int32_t attempt, const PrefillUpdate& update);
   // The attempt's first token (from its prefill worker, or a decode worker that prefilled it).
-  void first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds);
+  void first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds, int32_t cached_tokens);
   void on_prefill_done(int32_t attempt, const Status& status);
   void on_decode_update(int32_t attempt, const DecodeUpdate& update);
   void on_decode_done(int32_t attempt, const Status& status);
@@ -196,6 +197,7 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   TimePoint prefill_sent_{}, first_token_at_{};
   bool have_first_token_ = false;
   double queue_s_ = 0, prefill_s_ = 0, kv_transfer_s_ = 0, decode_queue_s_ = 0;
+  int32_t cached_prompt_tokens_ = 0;  // of the attempt whose first token was streamed
   bool kv_sent_reported_ = false;  // the prefill worker's KV-sent report arrived
 };
 

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace baton {
@@ -41,6 +42,9 @@ Status SchedulerConfig::validate() const {
   if (max_head_bypass.count() < 0) return invalid_argument("max_head_bypass must be >= 0");
   if (no_worker_timeout.count() <= 0) return invalid_argument("no_worker_timeout must be > 0");
   if (local_prefill_max_tokens < 0) return invalid_argument("local_prefill_max_tokens must be >= 0");
+  if (!(prefill_queue_weight >= 0) || !std::isfinite(prefill_queue_weight)) {
+    return invalid_argument("prefill_queue_weight must be a finite number >= 0");
+  }
   return {};
 }
 
@@ -55,9 +59,10 @@ Scheduler::Scheduler(SchedulerConfig config, WorkerRegistry& registry, const Clo
       registry_(registry),
       clock_(clock),
       decode_policy_(std::make_unique<DecodePlacement>()),
-      prefill_policy_(std::make_unique<PrefillPlacement>()) {
+      prefill_policy_(nullptr) {
   const Status s = config_.validate();
   BATON_CHECK(s.ok(), "SchedulerConfig: %s", s.to_string().c_str());
+  prefill_policy_ = std::make_unique<PrefillPlacement>(config_.prefill_queue_weight);
 }
 
 bool Scheduler::local_on(const PendingRequest& req, const WorkerSnapshot& d) const {
@@ -98,6 +103,10 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
   BATON_CHECK(on_placed && on_failed, "Scheduler::submit of %s without both callbacks", req.id.c_str());
   if (req.id.empty()) return invalid_argument("request id is empty");
   if (req.n_prompt_tokens <= 0) return invalid_argument("request " + req.id + " has an empty prompt");
+  if (req.tokens && static_cast<int64_t>(req.tokens->size()) != req.n_prompt_tokens) {
+    return invalid_argument("request " + req.id + " has " + std::to_string(req.tokens->size()) +
+                            " tokens for n_prompt_tokens " + std::to_string(req.n_prompt_tokens));
+  }
   if (req.n_total_tokens < req.n_prompt_tokens) {
     return invalid_argument("request " + req.id + ": n_total_tokens " + std::to_string(req.n_total_tokens) +
                             " < n_prompt_tokens " + std::to_string(req.n_prompt_tokens));
@@ -172,6 +181,7 @@ void Scheduler::prefill_done(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second.prefill_outstanding) return;
   registry_.remove_prefill_tokens(it->second.placement.prefill_address, id);
+  registry_.confirm_prefill_prefix(it->second.placement.prefill_address, id);  // its blocks are cached now
   it->second.prefill_outstanding = false;
 }
 
@@ -251,7 +261,9 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
   bool head_seen = false;  // the first request in order that could not be placed
   for (auto it = queue_.begin(); it != queue_.end();) {
     Entry& e = requests_.at(it->id);
-    const PlacementRequest q{e.req.n_prompt_tokens, e.req.n_total_tokens};
+    std::span<const int32_t> tokens;
+    if (e.req.tokens) tokens = *e.req.tokens;
+    const PlacementRequest q{e.req.n_prompt_tokens, e.req.n_total_tokens, tokens};
     // Workers to avoid are passed over while another fits.
     auto pick = [&q](const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
                      const std::vector<std::string>& avoid) {
@@ -275,9 +287,21 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
     bool placed = false;
     if (d.has_value() && (local || p.has_value())) {
       const int64_t blocks = blocks_for(e.req.n_total_tokens, w->load.block_size);
+      // What the prefill worker will compute: the prompt less what its prefix cache should hold.
+      int64_t prefill_tokens = e.req.n_prompt_tokens;
+      std::shared_ptr<const std::vector<uint64_t>> prefix;
+      if (!local) {
+        const auto pw = std::find_if(prefill.begin(), prefill.end(),
+                                     [&](const WorkerSnapshot& s) { return s.address == *p; });
+        BATON_CHECK(pw != prefill.end(), "prefill policy picked %s, which is not in the snapshot", p->c_str());
+        auto hashes = prefix_routing_hashes(*pw, tokens);
+        prefill_tokens -= expected_cached_tokens(*pw, tokens, &hashes);
+        if (!hashes.empty()) prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
+      }
       // Either may fail when an address update dropped the worker since the snapshot.
       if (registry_.reserve_decode(*d, e.req.id, blocks)) {
-        if (local || registry_.add_prefill_tokens(*p, e.req.id, e.req.n_prompt_tokens)) {
+        if (local || registry_.add_prefill_tokens(*p, e.req.id, prefill_tokens)) {
+          if (prefix) registry_.add_prefill_prefix(*p, e.req.id, std::move(prefix));
           placed = true;
           e.placed = true;
           e.prefill_outstanding = !local;
@@ -322,7 +346,10 @@ void Scheduler::release_placed_locked(const std::string& id) {
   BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
   const Entry& e = it->second;
   registry_.release_decode(e.placement.decode_address, id);
-  if (e.prefill_outstanding) registry_.remove_prefill_tokens(e.placement.prefill_address, id);
+  if (e.prefill_outstanding) {
+    registry_.remove_prefill_tokens(e.placement.prefill_address, id);
+    registry_.remove_prefill_prefix(e.placement.prefill_address, id);
+  }
   requests_.erase(it);
 }
 

@@ -70,6 +70,10 @@ struct SchedulerConfig {
   // transfer); longer ones go to a prefill worker. 0: always a prefill worker. With every prompt
   // local and no prefill workers, the deployment is a colocated server. >= 0.
   int64_t local_prefill_max_tokens = 0;
+  // Prefix-aware prefill routing (PrefillPlacement): how many tokens of a prefill worker's queue
+  // weigh as much as one prompt token its prefix cache saves. 1: the estimated time to the first
+  // token; larger: shorter queues first; 0: the cache alone. >= 0.
+  double prefill_queue_weight = 1.0;
 
   Status validate() const;
 };
@@ -86,6 +90,8 @@ struct PendingRequest {
   // Workers this request should not be placed on (a failover's attempt avoids those that just
   // failed it) while any other placeable worker of the role fits it.
   std::vector<std::string> avoid_decode, avoid_prefill;
+  // The n_prompt_tokens tokens, for prefix-aware prefill routing (null: route by queue alone).
+  std::shared_ptr<const std::vector<int32_t>> tokens;
 };
 
 // Where a request goes. The frontend Admits it on decode_address, then Prefills on prefill_address;
@@ -183,7 +189,7 @@ class Scheduler {
   WorkerRegistry& registry_;
   const Clock& clock_;
   const std::unique_ptr<PlacementPolicy> decode_policy_;
-  const std::unique_ptr<PlacementPolicy> prefill_policy_;
+  std::unique_ptr<PlacementPolicy> prefill_policy_;  // set once, in the constructor
 
   mutable std::mutex mu_;
   // Guarded by mu_. Invariants: requests_ holds every admitted, unfinished request; queue_ holds

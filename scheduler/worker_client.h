@@ -52,6 +52,7 @@ struct PrefillUpdate {
   int32_t token_id = 0;         // kFirstToken
   double queue_seconds = 0;     // kFirstToken: received → prefill compute start
   double prefill_seconds = 0;   // kFirstToken
+  int32_t cached_tokens = 0;    // kFirstToken: leading tokens whose KV came from the prefix cache
   double transfer_seconds = 0;  // kKvSent
 };
 

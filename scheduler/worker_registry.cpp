@@ -20,6 +20,7 @@ Status validate_load(WorkerRole role, const std::string& address, const WorkerLo
   if (l.free_blocks > l.total_blocks) return bad("more free blocks than blocks");
   if (l.queued_prompt_tokens < 0) return bad("negative queued prompt tokens");
   if (l.n_running < 0) return bad("negative running count");
+  if (l.prefix_cache_blocks < 0) return bad("negative prefix cache size");
   if (role == WorkerRole::kDecode && l.block_size <= 0) return bad("decode block_size <= 0");
   return {};
 }
@@ -91,6 +92,10 @@ Status WorkerRegistry::report_load(WorkerRole role, const std::string& address, 
       ++it;
     }
   }
+  for (auto it = w->sent_prefixes.begin(); it != w->sent_prefixes.end();) {
+    const bool included = it->second.confirmed_at.has_value() && *it->second.confirmed_at < requested_at;
+    it = included ? w->sent_prefixes.erase(it) : std::next(it);
+  }
   return {};
 }
 
@@ -161,6 +166,29 @@ void WorkerRegistry::remove_prefill_tokens(const std::string& address, const std
   remove_unreported(WorkerRole::kPrefill, address, request_id);
 }
 
+bool WorkerRegistry::add_prefill_prefix(const std::string& address, const std::string& request_id,
+                                        std::shared_ptr<const std::vector<uint64_t>> hashes) {
+  std::lock_guard lock(mu_);
+  Worker* w = find_locked(WorkerRole::kPrefill, address);
+  if (w == nullptr) return false;
+  w->sent_prefixes[request_id] = Worker::SentPrefix{std::move(hashes), std::nullopt};
+  return true;
+}
+
+void WorkerRegistry::confirm_prefill_prefix(const std::string& address, const std::string& request_id) {
+  const TimePoint now = clock_.now();
+  std::lock_guard lock(mu_);
+  Worker* w = find_locked(WorkerRole::kPrefill, address);
+  if (w == nullptr) return;
+  auto it = w->sent_prefixes.find(request_id);
+  if (it != w->sent_prefixes.end() && !it->second.confirmed_at.has_value()) it->second.confirmed_at = now;
+}
+
+void WorkerRegistry::remove_prefill_prefix(const std::string& address, const std::string& request_id) {
+  std::lock_guard lock(mu_);
+  if (Worker* w = find_locked(WorkerRole::kPrefill, address)) w->sent_prefixes.erase(request_id);
+}
+
 WorkerRegistry::Worker* WorkerRegistry::find_locked(WorkerRole role, const std::string& address) {
   auto& workers = workers_[role_index(role)];
   auto it = workers.find(address);
@@ -186,6 +214,7 @@ WorkerSnapshot WorkerRegistry::snapshot_locked(WorkerRole role, const std::strin
               now - w.last_report_at <= config_.stale_after;
   (role == WorkerRole::kDecode ? s.reserved_blocks : s.unreported_prompt_tokens) = w.n_unreported;
   s.n_unreported_requests = static_cast<int32_t>(w.unreported.size());
+  for (const auto& [id, sent] : w.sent_prefixes) s.sent_prefixes.push_back(sent.hashes);
   return s;
 }
 

@@ -32,10 +32,12 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -55,6 +57,12 @@ struct WorkerLoad {
   int32_t n_running = 0;             // decode: sequences generating; prefill: prompts in progress
   bool draining = false;             // shutting down: route no new work here
   int32_t local_prefill_max_tokens = 0;  // decode: the longest prompt it prefills itself (0: none)
+  // prefill: its prefix cache (kv/prefix_hash.h): the most blocks it caches (0: no cache), the
+  // root of its block hash chain, and the hashes of the blocks it reported cached (null: none).
+  // Shared: snapshots copy a pointer, not the set.
+  int32_t prefix_cache_blocks = 0;
+  uint64_t prefix_hash_seed = 0;
+  std::shared_ptr<const std::unordered_set<uint64_t>> cached_blocks;
 };
 
 struct WorkerRegistryConfig {
@@ -80,6 +88,9 @@ struct WorkerSnapshot {
   int64_t reserved_blocks = 0;           // decode: blocks reserved here that `load` does not include
   int64_t unreported_prompt_tokens = 0;  // prefill: prompt tokens sent here that `load` does not include
   int32_t n_unreported_requests = 0;     // requests behind the two numbers above
+  // prefill: the block hashes (prefix_routing_hashes) of prompts this frontend sent here that
+  // `load` may not include yet: expected in its prefix cache (add_prefill_prefix).
+  std::vector<std::shared_ptr<const std::vector<uint64_t>>> sent_prefixes;
 
   // Whether new work may be routed here.
   bool can_place() const { return healthy && !load.draining; }
@@ -138,6 +149,18 @@ class WorkerRegistry {
   bool add_prefill_tokens(const std::string& address, const std::string& request_id, int64_t n_tokens);
   void remove_prefill_tokens(const std::string& address, const std::string& request_id);
 
+  // The frontend's own map of where it sent which prefix, between a prefill worker's reports: the
+  // block hashes of a prompt placed on `address` count as cached there (sent_prefixes) from the
+  // placement on, also for the prompts placed behind it, until a report requested after its
+  // prefill finished (confirm_prefill_prefix) — that report includes the blocks, as far as the
+  // worker still holds them. remove_prefill_prefix drops a prompt that will not be prefilled
+  // there after all. add is false (no change) when the worker is not registered; confirm and
+  // remove of unknown workers or ids do nothing.
+  bool add_prefill_prefix(const std::string& address, const std::string& request_id,
+                          std::shared_ptr<const std::vector<uint64_t>> hashes);
+  void confirm_prefill_prefix(const std::string& address, const std::string& request_id);
+  void remove_prefill_prefix(const std::string& address, const std::string& request_id);
+
  private:
   // Work sent to a worker that its last applied report does not include.
   struct Unreported {
@@ -153,6 +176,11 @@ class WorkerRegistry {
     std::optional<TimePoint> down_at;  // report_down: reports requested before this do not heal it
     std::unordered_map<std::string, Unreported> unreported;  // by request id
     int64_t n_unreported = 0;                                // sum of unreported[*].amount
+    struct SentPrefix {
+      std::shared_ptr<const std::vector<uint64_t>> hashes;
+      std::optional<TimePoint> confirmed_at;  // its prefill finished (the blocks are cached) then
+    };
+    std::unordered_map<std::string, SentPrefix> sent_prefixes;  // prefill; by request id
   };
 
   Worker* find_locked(WorkerRole role, const std::string& address);

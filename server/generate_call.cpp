@@ -123,6 +123,7 @@ void GenerateCall::emit_end(const Status& status, const PipelineOutcome& o, cons
     t->set_ttft_seconds(o.ttft_seconds);
     t->set_e2e_seconds(o.e2e_seconds);
     t->set_failovers(o.failovers);
+    t->set_cached_prompt_tokens(o.cached_prompt_tokens);
     fin->set_prefill_worker(o.prefill_address);
     fin->set_decode_worker(o.decode_address);
     out_.push_back(serialize(msg));

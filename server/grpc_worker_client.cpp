@@ -39,6 +39,7 @@ std::optional<PrefillUpdate> from_proto(const v1::PrefillEvent& e) {
     u.token_id = e.first_token().token_id();
     u.queue_seconds = e.first_token().queue_seconds();
     u.prefill_seconds = e.first_token().prefill_seconds();
+    u.cached_tokens = e.first_token().cached_tokens();
     return u;
   }
   if (e.has_kv_sent()) {

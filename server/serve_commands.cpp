@@ -84,6 +84,9 @@ struct ServeArgs {
   int local_prefill_token_budget = 512;  // decode: most prompt tokens one decode step prefills
   // prefill
   bool kv_stream = true;  // stream each layer's KV while the prompt is prefilled
+  int prefix_cache_blocks = -1;  // most blocks of the prefix cache (-1: the whole KV pool; 0: off)
+  // frontend: prefix-aware prefill routing, queue tokens per cached prompt token (SchedulerConfig)
+  double prefill_queue_weight = 1.0;
   int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;
@@ -454,11 +457,16 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   // whole transfer: a transfer open across a prompt's prefill would hold up the next one, so they
   // send after the prefill.
   pc.stream_kv = a.kv_stream && a.kv_transport == "tcp";
+  pc.prefix_cache_blocks = a.prefix_cache_blocks;
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);
-  log_kv_pool("prefill", r->engine->config().n_blocks, pc.block_size,
-              decode_kv_block_bytes(r->m.model->config(), pc.block_size, pc.kv_dtype));
+  const PrefillConfig& resolved = r->engine->config();
+  log_kv_pool("prefill", resolved.n_blocks, resolved.block_size,
+              decode_kv_block_bytes(r->m.model->config(), resolved.block_size, resolved.kv_dtype));
+  spdlog::info("prefill worker {}: prefix cache {}", name,
+               resolved.prefix_cache_blocks > 0 ? "of up to " + std::to_string(resolved.prefix_cache_blocks) + " blocks"
+                                                : std::string("off"));
   r->engine->start();
   r->prober = std::make_unique<KvProber>(*r->transport, kv_probe_shape(r->m), pc.kv_chunk_bytes, name, metrics);
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model, r->prober.get(), r->transport->name());
@@ -511,6 +519,7 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   fc.pipeline.max_failovers = a.max_failovers;
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
+  fc.scheduler.prefill_queue_weight = a.prefill_queue_weight;
   fc.workers.prefill_optional = a.local_prefill_max_tokens > 0;
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));
@@ -874,6 +883,16 @@ void add_common_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--kv-stream", a.kv_stream,
                 "Prefill: send each layer's KV while the prompt is prefilled (true), or after the first token (false)")
       ->envname("BATON_KV_STREAM");
+  c->add_option("--prefix-cache-blocks", a.prefix_cache_blocks,
+                "Prefill: most KV blocks the prefix cache keeps for later prompts sharing a prefix (-1: every block "
+                "of the pool that work in flight does not need; 0: no prefix cache)")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->envname("BATON_PREFIX_CACHE_BLOCKS");
+  c->add_option("--prefill-queue-weight", a.prefill_queue_weight,
+                "Frontend: prefill routing weighs W tokens of a worker's queue as one prompt token its prefix cache "
+                "saves (1: the soonest first token; larger: shorter queues first; 0: the cache alone)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->envname("BATON_PREFILL_QUEUE_WEIGHT");
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");

@@ -159,6 +159,12 @@ void WorkerPool::poll_role(WorkerRole role) {
     load.n_running = rep.running();
     load.draining = rep.draining();
     load.local_prefill_max_tokens = rep.local_prefill_max_tokens();
+    load.prefix_cache_blocks = rep.prefix_cache_blocks();
+    load.prefix_hash_seed = rep.prefix_hash_seed();
+    if (rep.cached_block_hashes_size() > 0) {
+      load.cached_blocks = std::make_shared<const std::unordered_set<uint64_t>>(rep.cached_block_hashes().begin(),
+                                                                                 rep.cached_block_hashes().end());
+    }
     if (Status st = registry_.report_load(role, address, load, sent); !st.ok()) {
       spdlog::warn("load report of {} worker {} not applied: {}", worker_role_name(role), address, st.message());
     }

@@ -244,9 +244,12 @@ def metric_values(text, name):
     return out
 
 
-def wait_blocks_free(srv, timeout=10, roles=("decode",)):
-    """True once every worker of `roles` has all its KV blocks free (baton_kv_blocks_free equal to
-    baton_kv_blocks_capacity) within `timeout` s."""
+def wait_blocks_free(srv, timeout=10, roles=("decode",), role=None):
+    """True once every worker of `roles` (or of the one `role`) has all its KV blocks free
+    (baton_kv_blocks_free equal to baton_kv_blocks_capacity) within `timeout` s. A prefill worker
+    counts the idle blocks of its prefix cache as free: no request holds them."""
+    if role is not None:
+        roles = (role,)
     deadline = time.time() + timeout
     while time.time() < deadline:
         text = srv.metrics()

@@ -324,6 +324,17 @@ def test_bench_chat_grows_the_history(batonctl, shared_server, tmp_path, pb):
     assert (report["tokens"]["cached_prompt"] is not None) == has_field
     if not has_field:
         assert re.search(r"^cached prompt\s+not reported by the server$", got.stdout, re.M), got.stdout
+    else:
+        # The shared system prompt's whole blocks come from the prefix cache after the first turn
+        # that sent it; every later turn of a conversation also finds its own history there.
+        cached = report["tokens"]["cached_prompt"]
+        assert cached == sum(r["cached_prompt_tokens"] for r in rows) > 0
+        assert report["tokens"]["cached_prompt_ratio"] == pytest.approx(cached / report["tokens"]["prompt"])
+        m = re.search(r"^cached prompt\s+(\d+) of (\d+) prompt tokens \(hit ratio ([0-9.]+) %\)$", got.stdout, re.M)
+        assert m and int(m.group(1)) == cached, got.stdout
+        assert float(m.group(3)) == pytest.approx(100 * cached / int(m.group(2)), abs=0.06)
+        for x in report["turns"][1:]:
+            assert x["cached_prompt_tokens"] >= c * (s // 16 * 16)
     root = ET.fromstring((tmp_path / "chat.svg").read_bytes())
     (panel,) = find_class(root, "panel", metric="ttft_by_turn")
     (p99,) = find_class(panel, "turn-series", series="p99")

@@ -54,6 +54,7 @@ TEST_CASE("chat turns, cached tokens and SLOs of the report match naive recomput
 
     REQUIRE(r.turns.size() == static_cast<size_t>(turns));
     std::optional<int64_t> cached_total;
+    int64_t prompt_total = 0;
     size_t met = 0;
     for (int t = 0; t < turns; ++t) {
       std::vector<double> ttft;
@@ -84,6 +85,7 @@ TEST_CASE("chat turns, cached tokens and SLOs of the report match naive recomput
         CHECK(ts.prompt_tokens_mean == Approx(static_cast<double>(prompt) / n_ok));
       }
       if (turn_cached) cached_total = cached_total.value_or(0) + *turn_cached;
+      prompt_total += prompt;
     }
     CHECK(r.cached_prompt_tokens == cached_total);
     for (const RequestSample& s : samples) {
@@ -99,6 +101,11 @@ TEST_CASE("chat turns, cached tokens and SLOs of the report match naive recomput
     CHECK(j["slo"]["ttft_seconds"].get<double>() == *c.slo.ttft_seconds);
     CHECK(j["slo"]["itl_seconds"].is_null() == !c.slo.itl_seconds);
     CHECK(j["tokens"]["cached_prompt"].is_null() == !cached_total);
+    CHECK(j["tokens"]["cached_prompt_ratio"].is_null() == (!cached_total || prompt_total == 0));
+    if (cached_total && prompt_total > 0) {
+      CHECK(j["tokens"]["cached_prompt_ratio"].get<double>() ==
+            Approx(static_cast<double>(*cached_total) / static_cast<double>(prompt_total)));
+    }
     REQUIRE(j["turns"].size() == static_cast<size_t>(turns));
     REQUIRE(j["per_request"].size() == n);
     size_t n_slo_met = 0;

@@ -6,8 +6,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
+#include "kv/prefix_hash.h"
 #include "kv/tcp/tcp_transport.h"
 #include "model/generator.h"
 #include "model/test_model.h"
@@ -102,6 +104,38 @@ TEST_CASE("prefill service streams the first token, then KvSent", "[prefill][ser
   CHECK(sent.address == "decode-0:7000");
   CHECK(sent.first_token == g->tokens[0]);
   CHECK(sent.header.model_fingerprint == fx.model->fingerprint());
+}
+
+TEST_CASE("prefill service: a repeated prompt's first token counts its cached tokens; GetLoad names the blocks",
+          "[prefill][service][prefix]") {
+  ServiceFixture fx;
+  std::mt19937 rng(std::random_device{}());
+  const int bs = fx.engine->config().block_size;
+  const int n = bs * (1 + static_cast<int>(rng() % 4)) + 1 + static_cast<int>(rng() % bs);
+  auto request = make_request(rng, "r1", n, fx.model->config().n_vocab);
+  const CallResult first = prefill(*fx.stub, request);
+  REQUIRE(first.status.ok());
+  REQUIRE(first.events.at(0).has_first_token());
+  CHECK(first.events[0].first_token().cached_tokens() == 0);
+  request.set_request_id("r2");
+  const CallResult again = prefill(*fx.stub, request);
+  REQUIRE(again.status.ok());
+  REQUIRE(again.events.at(0).has_first_token());
+  CHECK(again.events[0].first_token().cached_tokens() == (n - 1) / bs * bs);
+  CHECK(again.events[0].first_token().token_id() == first.events[0].first_token().token_id());  // same seed
+
+  baton::v1::LoadReport load;
+  grpc::ClientContext ctx;
+  REQUIRE(fx.stub->GetLoad(&ctx, baton::v1::LoadRequest(), &load).ok());
+  const std::vector<int32_t> ids(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  const uint64_t seed = prefix_hash_seed(fx.model->fingerprint(), "f32", bs);
+  const auto hashes = prefix_block_hashes(seed, bs, ids);
+  CHECK(load.prefix_hash_seed() == seed);
+  CHECK(load.prefix_cache_blocks() == load.total_blocks());
+  CHECK(load.cached_blocks() == static_cast<int32_t>(hashes.size()));
+  CHECK(std::set<uint64_t>(load.cached_block_hashes().begin(), load.cached_block_hashes().end()) ==
+        std::set<uint64_t>(hashes.begin(), hashes.end()));
+  CHECK(load.free_blocks() == load.total_blocks());
 }
 
 TEST_CASE("prefill service refuses bad requests naming the field", "[prefill][service]") {

@@ -36,7 +36,7 @@ WorkerSnapshot prefill_worker(std::string address, int64_t queued_prompt_tokens)
 
 // A request needing n_blocks blocks of 16 positions on decode.
 PlacementRequest needing_blocks(int64_t n_blocks) {
-  return {16, n_blocks * 16};
+  return {16, n_blocks * 16, {}};
 }
 
 uint32_t test_seed() {
@@ -62,7 +62,7 @@ TEST_CASE("decode placement picks the worker with the most free blocks that fits
   CHECK(policy.pick(ws, needing_blocks(5)) == "b:1");
   CHECK(policy.pick(ws, needing_blocks(40)) == "b:1");
   CHECK_FALSE(policy.pick(ws, needing_blocks(41)).has_value());
-  CHECK(policy.pick(ws, PlacementRequest{16, 40 * 16 + 1}) == std::nullopt);  // one position over
+  CHECK(policy.pick(ws, PlacementRequest{16, 40 * 16 + 1, {}}) == std::nullopt);  // one position over
   CHECK_FALSE(policy.pick({}, needing_blocks(1)).has_value());
 }
 
@@ -114,9 +114,9 @@ TEST_CASE("decode placement compares free positions when block sizes differ", "[
   const DecodePlacement policy;
   // a: 30 blocks × 16 = 480 positions; b: 40 blocks × 8 = 320 positions.
   const std::vector<WorkerSnapshot> ws = {decode_worker("a:1", 30, 100, 16), decode_worker("b:1", 40, 100, 8)};
-  CHECK(policy.pick(ws, PlacementRequest{10, 100}) == "a:1");
-  CHECK(policy.pick(ws, PlacementRequest{10, 480}) == "a:1");
-  CHECK_FALSE(policy.pick(ws, PlacementRequest{10, 481}).has_value());
+  CHECK(policy.pick(ws, PlacementRequest{10, 100, {}}) == "a:1");
+  CHECK(policy.pick(ws, PlacementRequest{10, 480, {}}) == "a:1");
+  CHECK_FALSE(policy.pick(ws, PlacementRequest{10, 481, {}}).has_value());
 }
 
 TEST_CASE("prefill placement picks the fewest outstanding prompt tokens, reported plus unreported", "[scheduler]") {
@@ -177,7 +177,7 @@ TEST_CASE("decode and prefill placement agree with a naive reference on random w
       ws.push_back(w);
     }
     const int64_t n_total = 1 + static_cast<int64_t>(rng() % 200);
-    const PlacementRequest req{1, n_total};
+    const PlacementRequest req{1, n_total, {}};
 
     // Reference: sort the eligible workers by the policy's key and take the first.
     std::vector<std::tuple<int64_t, int64_t, int, std::string>> decode_eligible;  // (-free positions, sequences, index)

@@ -165,6 +165,7 @@ class FakeWorkers final : public WorkerClient {
         if (c.prefill_step == 0) {
           PrefillUpdate u;
           u.token_id = next_token(seq);
+          u.cached_tokens = static_cast<int32_t>(seq.size() / 2);  // what a prefix cache might hold
           ++c.prefill_step;
           c.on_prefill(u);
         } else if (c.prefill_step == 1) {
@@ -407,6 +408,7 @@ TEST_CASE("pipeline: an undisturbed request streams the model's output once and 
     CHECK(sink->tokens == reference(prompt, max_tokens, false));
     CHECK(sink->outcome.n_generated == static_cast<int32_t>(sink->tokens.size()));
     CHECK(sink->outcome.failovers == 0);
+    CHECK(sink->outcome.cached_prompt_tokens == static_cast<int32_t>(prompt.size() / 2));  // the prefill worker's count
     CHECK(p->state() == PipelineState::kEnded);
   }
   w.check_clean();
@@ -686,6 +688,7 @@ TEST_CASE("pipeline: local prefill on the decode worker, colocated: no prefill w
     CHECK(sink->tokens == reference(prompt, 12, false));
     CHECK(sink->outcome.prefill_address.empty());
     CHECK(sink->outcome.failovers == (kill ? 1 : 0));
+    CHECK(sink->outcome.cached_prompt_tokens == 0);  // no prefix cache on the decode worker
     for (const auto& [id, c] : w.workers.calls) CHECK(c->kind != FakeWorkers::Call::Kind::kPrefill);
   }
   w.check_clean();
