@@ -177,10 +177,12 @@ std::string json_error_reason(const std::string& what) {
   return reason;
 }
 
+// With OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens a prefix cache held.
 Json usage_json(const PipelineOutcome& o) {
   return {{"prompt_tokens", o.n_prompt_tokens},
           {"completion_tokens", o.n_generated},
-          {"total_tokens", o.n_prompt_tokens + o.n_generated}};
+          {"total_tokens", o.n_prompt_tokens + o.n_generated},
+          {"prompt_tokens_details", {{"cached_tokens", o.cached_prompt_tokens}}}};
 }
 
 // baton's extension: where the request's time went, and which workers served it.

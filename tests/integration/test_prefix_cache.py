@@ -193,3 +193,25 @@ def test_two_prefill_workers_keep_a_repeated_prefix_on_the_worker_that_has_it(pb
     by_worker = sorted(v for k, v in hits.items() if 'role="prefill"' in k)
     assert len(by_worker) == 2 and by_worker[0] == 0 and by_worker[1] == 4 * (len(system) // BLOCK * BLOCK)
     assert wait_blocks_free(srv, role="prefill")
+
+
+def test_openai_usage_reports_cached_tokens(baton_bin, test_model, server_factory):
+    """The HTTP API's usage carries the cached prompt tokens as OpenAI does
+    (usage.prompt_tokens_details.cached_tokens)."""
+    import json
+    import urllib.request
+
+    srv = server_factory(test_model, "--dtype", "f32", "--http-listen", "127.0.0.1:0")
+    prompt = list(range(3, 3 + 70))  # four whole blocks of 16, then 6 tokens
+
+    def usage():
+        body = json.dumps({"model": "test", "prompt": prompt, "max_tokens": 3}).encode()
+        req = urllib.request.Request(srv.http_url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.load(r)["usage"]
+
+    assert usage()["prompt_tokens_details"]["cached_tokens"] == 0
+    again = usage()
+    assert again["prompt_tokens"] == 70
+    assert again["prompt_tokens_details"]["cached_tokens"] == 64

@@ -428,6 +428,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
   PipelineOutcome o;
   o.finish_reason = rng() % 2 ? "stop" : "length";
   o.n_prompt_tokens = static_cast<int32_t>(1 + rng() % 1000);
+  o.cached_prompt_tokens = static_cast<int32_t>(rng() % o.n_prompt_tokens);
   o.n_generated = static_cast<int32_t>(1 + rng() % 1000);
   o.queue_seconds = secs(rng);
   o.prefill_seconds = secs(rng);
@@ -455,6 +456,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
     CHECK(u["prompt_tokens"].get<int>() == o.n_prompt_tokens);
     CHECK(u["completion_tokens"].get<int>() == o.n_generated);
     CHECK(u["total_tokens"].get<int>() == o.n_prompt_tokens + o.n_generated);
+    CHECK(u["prompt_tokens_details"]["cached_tokens"].get<int>() == o.cached_prompt_tokens);
   };
   for (OpenAiEndpoint e : {OpenAiEndpoint::kCompletions, OpenAiEndpoint::kChat}) {
     const bool chat = e == OpenAiEndpoint::kChat;
