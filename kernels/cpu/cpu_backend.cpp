@@ -168,14 +168,24 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<Matrix> make_quantized_matrix(std::span<const QuantizedPart> parts, int64_t cols,
                                                 const float* dense) override {
+    // Consecutive parts of one type become one repacked weight: each part is a quant_gemm call
+    // (an OpenMP region and the activations quantised again), which a decode step pays per layer.
     std::vector<cpu::QuantWeights> repacked;
     int64_t rows = 0;
-    for (const QuantizedPart& p : parts) {
-      if (!cpu::quant_type_supported(p.ggml_type)) return nullptr;
-      auto w = cpu::repack_quant(p.ggml_type, p.blocks, p.rows, cols);
+    for (size_t i = 0; i < parts.size();) {
+      size_t j = i;
+      int64_t run_rows = 0;
+      std::vector<uint8_t> run;
+      for (; j < parts.size() && parts[j].ggml_type == parts[i].ggml_type; ++j) {
+        run.insert(run.end(), parts[j].blocks.begin(), parts[j].blocks.end());
+        run_rows += parts[j].rows;
+      }
+      if (!cpu::quant_type_supported(parts[i].ggml_type)) return nullptr;
+      auto w = cpu::repack_quant(parts[i].ggml_type, run, run_rows, cols);
       if (!w.ok()) return nullptr;
       repacked.push_back(std::move(*w));
-      rows += p.rows;
+      rows += run_rows;
+      i = j;
     }
     if (repacked.empty()) return nullptr;
     auto m = std::make_unique<CpuQuantMatrix>(std::move(repacked), rows, cols);
