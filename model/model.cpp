@@ -71,6 +71,7 @@ class OpProfile {
   }
   bool enabled() const { return enabled_; }
   void add(const char* op, double seconds) { totals_[op] += seconds; }
+  void reset() { totals_.clear(); }
   ~OpProfile() {
     if (!enabled_) return;
     double all = 0;
@@ -106,6 +107,8 @@ uint64_t next_buffers_generation() {
 }
 
 }  // namespace
+
+void reset_op_profile() { OpProfile::get().reset(); }
 
 Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress,
                                            Weights weights) {

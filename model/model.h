@@ -106,4 +106,8 @@ class Model {
   uint64_t buffers_generation_ = 0;  // process-unique, renewed whenever a buffer above is reallocated
 };
 
+// BATON_PROFILE=1 sums every forward's per-op wall time and prints it at exit; this forgets what
+// was summed so far (a benchmark that sets up with forwards of its own measures only what follows).
+void reset_op_profile();
+
 }  // namespace baton

@@ -5,7 +5,8 @@
 // reused by all of them. Keys are visited in tiles of kKeyTile with an online softmax (running
 // max and sum per row): no T×T score matrix exists, memory per item is O(rows × kKeyTile).
 // K is gathered transposed ([head_dim][key]) so the score loop vectorises over keys without
-// horizontal reductions; P·V vectorises over head_dim.
+// horizontal reductions; P·V vectorises over head_dim. Decode-sized items (at most kDirectMaxRows
+// rows) skip the gather and read the cache rows in place (attend_direct_avx512 on AVX-512 CPUs).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -13,10 +14,15 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "common/check.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/attention_common.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/sum16.h"
 
 namespace baton::cpu {
 namespace {
@@ -34,9 +40,9 @@ constexpr int kDirectMaxRows = 8;
 
 struct WorkItem {
   int seq;
-  int g;      // kv head
-  int q0;     // first new token of the tile (relative to the sequence)
-  int n_q;    // positions in the tile
+  int g;    // kv head
+  int q0;   // first new token of the tile (relative to the sequence)
+  int n_q;  // positions in the tile
   int64_t cost;
 };
 
@@ -45,8 +51,12 @@ struct Scratch {
 };
 
 // A cache element as f32: f32 itself, or bf16 (the high half of an f32).
-inline float as_f32(float v) { return v; }
-inline float as_f32(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+inline float as_f32(float v) {
+  return v;
+}
+inline float as_f32(uint16_t v) {
+  return std::bit_cast<float>(static_cast<uint32_t>(v) << 16);
+}
 
 // attend_item for few query rows (decode): each key's K and V rows are read where they lie in the
 // cache (f32 or bf16), one dot product per row and key, instead of gathering K transposed.
@@ -96,6 +106,143 @@ void attend_direct(const T* kpool, const T* vpool, const KvLayerView& kv, const 
   }
 }
 
+#if defined(__x86_64__)
+// The decode path with AVX-512, for head_dim = 16·NV. Keys go in tiles of 16, one score vector
+// per row and tile: each key's K row is read once per row from L1 (the tile's rows are the cache's
+// own for f32, converted once into a scratch tile for bf16), its NV partial products summed into
+// one lane by sum16; a row's output stays in registers across the tile's P·V. The next tile's
+// rows are prefetched while this one is computed: the cache rows of one kv head are 16·NV·4
+// bytes every n_kv_heads·head_dim elements, and a decode step is bound by reading them.
+#define BATON_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+// GCC 12 warns that the intrinsics' own undefined-value placeholders may be used uninitialized
+// when they are inlined into target("avx512...") functions; they are not reads of our data.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+bool direct_avx512_supported() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
+template <typename T>
+BATON_AVX512 inline __m512 load16(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return _mm512_loadu_ps(p);
+  } else {  // bf16: the high half of an f32
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Element offsets of keys [k0, k0 + kn) of kv head g: one block lookup per tile where the tile
+// lies in one block (block sizes that are multiples of 16), one per key otherwise.
+inline void tile_offsets(const KvLayerView& kv, const SeqView& sv, int32_t k0, int kn, int g, size_t* off) {
+  if (kv.block_size % 16 == 0) {
+    const size_t base = kv_offset_of(kv, sv, k0, g);
+    const size_t stride = static_cast<size_t>(kv.n_kv_heads) * kv.head_dim;
+    for (int j = 0; j < kn; ++j) off[j] = base + j * stride;
+  } else {
+    for (int j = 0; j < kn; ++j) off[j] = kv_offset_of(kv, sv, k0 + j, g);
+  }
+}
+
+template <typename T, int NV>
+BATON_AVX512 void attend_direct_avx512(const T* kpool, const T* vpool, const KvLayerView& kv, const SeqView& sv,
+                                       const WorkItem& it, int group, int rows, Scratch& sc) {
+  constexpr int hd = 16 * NV;
+  constexpr int kTile = 16;
+  constexpr bool f32 = sizeof(T) == 4;
+  constexpr int lines = hd * static_cast<int>(sizeof(T)) / 64;  // cache lines per row (≥ 1 for hd ≥ 32)
+  const float* Q = sc.q.data();
+  float* O = sc.o.data();
+  alignas(64) float S[kTile];
+  alignas(64) float kbuf[f32 ? 1 : kTile * hd];
+  alignas(64) float vbuf[f32 ? 1 : kTile * hd];
+  const float* krow[kTile];
+  const float* vrow[kTile];
+  const int32_t first_pos = sv.kv_offset + it.q0;
+  const int32_t n_keys = first_pos + it.n_q;
+  size_t off[kTile], next[kTile];
+  tile_offsets(kv, sv, 0, std::min<int32_t>(kTile, n_keys), it.g, next);
+  for (int32_t k0 = 0; k0 < n_keys; k0 += kTile) {
+    const int kn = std::min<int32_t>(kTile, n_keys - k0);
+    std::copy(next, next + kn, off);
+    if (k0 + kTile < n_keys) {
+      const int nn = std::min<int32_t>(kTile, n_keys - k0 - kTile);
+      tile_offsets(kv, sv, k0 + kTile, nn, it.g, next);
+      for (int j = 0; j < nn; ++j) {
+        for (int l = 0; l < std::max(lines, 1); ++l) {
+          _mm_prefetch(reinterpret_cast<const char*>(kpool + next[j]) + 64 * l, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vpool + next[j]) + 64 * l, _MM_HINT_T0);
+        }
+      }
+    }
+    for (int j = 0; j < kn; ++j) {
+      if constexpr (f32) {
+        krow[j] = reinterpret_cast<const float*>(kpool + off[j]);
+        vrow[j] = reinterpret_cast<const float*>(vpool + off[j]);
+      } else {
+        for (int v = 0; v < NV; ++v) {
+          _mm512_store_ps(kbuf + j * hd + 16 * v, load16(kpool + off[j] + 16 * v));
+          _mm512_store_ps(vbuf + j * hd + 16 * v, load16(vpool + off[j] + 16 * v));
+        }
+        krow[j] = kbuf + j * hd;
+        vrow[j] = vbuf + j * hd;
+      }
+    }
+    const bool crosses_diagonal = k0 + kTile - 1 > first_pos;
+    for (int r = 0; r < rows; ++r) {
+      __m512 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(Q + static_cast<size_t>(r) * hd + 16 * v);
+      __m512 p[kTile];
+      for (int j = 0; j < kTile; ++j) {
+        if (j < kn) {
+          __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(krow[j]));
+          for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(krow[j] + 16 * v), acc);
+          p[j] = acc;
+        } else {
+          p[j] = _mm512_setzero_ps();
+        }
+      }
+      _mm512_store_ps(S, sum16(p));
+      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+      const SoftmaxStep st = softmax_row_update(S, kTile, limit, &sc.m[r]);
+      sc.l[r] = sc.l[r] * st.alpha + st.sum;
+      float* orow = O + static_cast<size_t>(r) * hd;
+      __m512 ov[NV];
+      const __m512 alpha = _mm512_set1_ps(st.alpha);
+      for (int v = 0; v < NV; ++v) ov[v] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * v), alpha);
+      for (int j = 0; j < limit; ++j) {
+        const __m512 pj = _mm512_set1_ps(S[j]);
+        for (int v = 0; v < NV; ++v) ov[v] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vrow[j] + 16 * v), ov[v]);
+      }
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(orow + 16 * v, ov[v]);
+    }
+  }
+}
+
+// The AVX-512 decode path where this CPU and head_dim allow it; false: use attend_direct.
+template <typename T>
+bool attend_direct_fast(const T* kpool, const T* vpool, const KvLayerView& kv, const SeqView& sv, const WorkItem& it,
+                        int group, int rows, Scratch& sc) {
+  if (!direct_avx512_supported()) return false;
+  switch (kv.head_dim) {
+    case 32: attend_direct_avx512<T, 2>(kpool, vpool, kv, sv, it, group, rows, sc); return true;
+    case 64: attend_direct_avx512<T, 4>(kpool, vpool, kv, sv, it, group, rows, sc); return true;
+    case 128: attend_direct_avx512<T, 8>(kpool, vpool, kv, sv, it, group, rows, sc); return true;
+    default: return false;
+  }
+}
+#pragma GCC diagnostic pop
+#else
+template <typename T>
+bool attend_direct_fast(const T*, const T*, const KvLayerView&, const SeqView&, const WorkItem&, int, int, Scratch&) {
+  return false;
+}
+#endif
+
 void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, const WorkItem& it, int group,
                  float scale_log2, const Tensor& out, Scratch& sc) {
   const int hd = kv.head_dim;
@@ -124,13 +271,17 @@ void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, cons
     }
   }
 
-  const int32_t first_pos = sv.kv_offset + it.q0;       // position of the tile's first query
-  const int32_t n_keys = first_pos + it.n_q;            // keys [0, last query position]
+  const int32_t first_pos = sv.kv_offset + it.q0;  // position of the tile's first query
+  const int32_t n_keys = first_pos + it.n_q;       // keys [0, last query position]
   const bool direct = rows <= kDirectMaxRows && (kv.dtype == DType::kF32 || kv.dtype == DType::kBF16);
   if (direct && kv.dtype == DType::kF32) {
-    attend_direct(static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), kv, sv, it, group, rows, sc);
+    const auto* kp = static_cast<const float*>(kv.k);
+    const auto* vp = static_cast<const float*>(kv.v);
+    if (!attend_direct_fast(kp, vp, kv, sv, it, group, rows, sc)) attend_direct(kp, vp, kv, sv, it, group, rows, sc);
   } else if (direct) {
-    attend_direct(static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v), kv, sv, it, group, rows, sc);
+    const auto* kp = static_cast<const uint16_t*>(kv.k);
+    const auto* vp = static_cast<const uint16_t*>(kv.v);
+    if (!attend_direct_fast(kp, vp, kv, sv, it, group, rows, sc)) attend_direct(kp, vp, kv, sv, it, group, rows, sc);
   }
   for (int32_t k0 = 0; k0 < n_keys && !direct; k0 += kKeyTile) {
     const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
@@ -156,8 +307,7 @@ void attend_item(const Tensor& q, const KvLayerView& kv, const SeqView& sv, cons
         for (int j = 0; j < kKeyTile; ++j) sr[j] += qd * kd[j];
       }
       // Keys past this row's position (and padding past kn) are masked out.
-      const int32_t limit =
-          crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
       const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &sc.m[r]);
       sc.l[r] = sc.l[r] * st.alpha + st.sum;
       const float alpha = st.alpha;
@@ -193,7 +343,7 @@ void kv_write(const KvLayerView& kv, const Tensor& k, const Tensor& v, const Bat
               width);
   for (const SeqView& s : batch.seqs) {
     check_block_table(s, kv.block_size);
-#pragma omp parallel for schedule(static) if (worth_parallel(static_cast<int64_t>(s.n_new) * width))
+#pragma omp parallel for schedule(static) if (worth_parallel(static_cast <int64_t>(s.n_new) * width))
     for (int i = 0; i < s.n_new; ++i) {
       const int32_t pos = s.kv_offset + i;
       const size_t off = kv_offset_of(kv, s, pos, 0);

@@ -146,8 +146,8 @@ void run_case(std::mt19937& rng, int n_head, int n_kv, int hd, int block_size, D
     }
   }
   INFO("heads " << n_head << "/" << n_kv << " hd " << hd << " block " << block_size << " compute "
-                  << dtype_name(be->compute_dtype()) << " kv " << dtype_name(kv_dtype)
-                  << ": largest error / bound " << worst);
+                << dtype_name(be->compute_dtype()) << " kv " << dtype_name(kv_dtype) << ": largest error / bound "
+                << worst);
   CHECK(worst <= 1.0);
 }
 
@@ -174,6 +174,26 @@ TEST_CASE("attention matches a naive reference on random shapes", "[attention]")
 TEST_CASE("attention handles single-token decode steps and long prefixes", "[attention]") {
   std::mt19937 rng(std::random_device{}());
   run_case(rng, 9, 3, 64, 16, DType::kF32, {{700, 1}, {0, 1}, {33, 1}, {129, 1}});
+}
+
+TEST_CASE("decode-sized steps match the reference for every head size, block size and KV type", "[attention]") {
+  // Items of at most 8 query rows (a position or two times the GQA group) take the direct path:
+  // AVX-512 tiles of 16 keys for head_dim 32, 64 and 128, the portable loop otherwise. Lengths
+  // cross tile and block edges (a tile of 16 within one block, or spread over blocks of 1 or 7).
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> off(0, 300), pick(0, 3), one_or_two(1, 2);
+  const int heads[][2] = {{9, 3}, {8, 1}, {4, 4}, {8, 2}};
+  for (DType kv : {DType::kF32, DType::kBF16}) {
+    for (int hd : {16, 32, 64, 128}) {
+      const auto* h = heads[pick(rng)];
+      const int block = std::array<int, 4>{1, 7, 16, 64}[pick(rng)];
+      const int n_new = h[0] / h[1] == 8 ? 1 : one_or_two(rng);  // at most 8 rows an item
+      INFO("kv " << dtype_name(kv) << ", head_dim " << hd << ", heads " << h[0] << "/" << h[1] << ", block " << block);
+      run_case(rng, h[0], h[1], hd, block, kv, {{off(rng), n_new}, {0, 1}, {15, n_new}, {16, 1}, {off(rng), n_new}});
+    }
+  }
 }
 
 TEST_CASE("attention reads bf16 and f16 KV caches", "[attention]") {

@@ -1,0 +1,128 @@
+// bench/decode: batched decode steps on the CPU backend, as a decode worker runs them. For each
+// batch size B it prefills B sequences of C random prompt tokens, then times decode steps (one
+// token per sequence, greedy sampling in the step, the KV growing by one position each) and
+// reports ms per step and output tokens/s. BATON_PROFILE=1 adds the per-op breakdown of the last
+// batch size's decode steps at exit.
+// Output is a Markdown table (bench/RESULTS.md keeps the measured ones).
+//
+//   baton_bench_decode MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16]
+//                      [--weights native|dense] [--threads T]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "model/model.h"
+
+using namespace baton;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16] "
+               "[--weights native|dense] [--threads T]\n",
+               argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage(argv[0]);
+  std::vector<int> batches;
+  int context = 256, steps = 64, threads = 0;
+  DType kv_dtype = DType::kF32;
+  Model::Weights weights = Model::Weights::kNative;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) return usage(argv[0]);
+    const std::string val = argv[++i];
+    if (arg == "--batch") {
+      batches.push_back(std::stoi(val));
+    } else if (arg == "--context") {
+      context = std::stoi(val);
+    } else if (arg == "--steps") {
+      steps = std::stoi(val);
+    } else if (arg == "--threads") {
+      threads = std::stoi(val);
+    } else if (arg == "--kv-dtype" && (val == "f32" || val == "bf16")) {
+      kv_dtype = val == "f32" ? DType::kF32 : DType::kBF16;
+    } else if (arg == "--weights" && (val == "native" || val == "dense")) {
+      weights = val == "native" ? Model::Weights::kNative : Model::Weights::kDense;
+    } else {
+      return usage(argv[0]);
+    }
+  }
+  if (batches.empty()) batches = {1, 8};
+  if (context < 1 || steps < 1) return usage(argv[0]);
+  auto file = GgufFile::open(argv[1]);
+  if (!file.ok()) {
+    std::fprintf(stderr, "baton: error: %s\n", file.status().message().c_str());
+    return 1;
+  }
+  std::string err;
+  auto be = make_backend({"cpu", DType::kBF16, threads, {}}, &err);
+  if (!be) {
+    std::fprintf(stderr, "baton: error: %s\n", err.c_str());
+    return 1;
+  }
+  // Native weights come with dense ones, as in baton generate: the set-up prefills run on dense
+  // weights (fast), every decode step (M <= Backend::kNativeMaxRows) on the native ones.
+  auto model =
+      Model::load(**file, *be, {}, weights == Model::Weights::kNative ? Model::Weights::kNativeAndDense : weights);
+  if (!model.ok()) {
+    std::fprintf(stderr, "baton: error: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  constexpr int kBlock = 16;
+  std::printf("| batch | context | KV | weights | ms per step | output tok/s |\n|---|---|---|---|---|---|\n");
+  for (int b : batches) {
+    const int blocks_per_seq = (context + steps + kBlock) / kBlock + 1;
+    BlockPool pool(b * blocks_per_seq, kBlock);
+    auto cache = (*model)->make_kv_cache(pool.n_total(), kBlock, kv_dtype);
+    std::mt19937 rng(static_cast<unsigned>(b * 7919 + context));
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+    std::vector<int32_t> last(static_cast<size_t>(b));
+    std::vector<int32_t> tokens;
+    const SampleSpec greedy;
+    for (int s = 0; s < b; ++s) {  // one prefill per sequence, as prefill workers hand them over
+      std::vector<int32_t> prompt(static_cast<size_t>(context));
+      for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % c.n_vocab);
+      pool.grow_to(tables[s], context);
+      StepBatch batch;
+      batch.add(prompt, 0, tables[s], Logits::kLast);
+      (*model)->forward_sample(batch, *cache, std::span(&greedy, 1), &tokens);
+      last[s] = tokens[0];
+    }
+    reset_op_profile();  // BATON_PROFILE: the decode steps only (the last batch size's)
+    const std::vector<SampleSpec> specs(static_cast<size_t>(b));
+    std::vector<double> times;
+    for (int step = 0; step < steps; ++step) {
+      const int32_t pos = context + step;
+      StepBatch batch;
+      for (int s = 0; s < b; ++s) {
+        pool.grow_to(tables[s], pos + 1);
+        batch.add(std::span(&last[s], 1), pos, tables[s], Logits::kLast);
+      }
+      const double t0 = now();
+      (*model)->forward_sample(batch, *cache, specs, &tokens);
+      times.push_back(now() - t0);
+      for (int s = 0; s < b; ++s) last[s] = tokens[s];
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    std::printf("| %d | %d–%d | %s | %s | %.2f | %.1f |\n", b, context, context + steps, dtype_name(kv_dtype),
+                weights == Model::Weights::kNative ? "native" : "dense", median * 1e3, b / median);
+    std::fflush(stdout);
+  }
+  return 0;
+}
