@@ -7,14 +7,15 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace baton {
 namespace {
 
 class HttpCall final : public PublicCall {
  public:
-  HttpCall(FrontendContext& fc, OpenAiEndpoint endpoint, HttpCallEnv env)
-      : PublicCall(fc), env_(std::move(env)) {
+  HttpCall(FrontendContext& fc, OpenAiEndpoint endpoint, HttpCallEnv env) : PublicCall(fc), env_(std::move(env)) {
     header_.endpoint = endpoint;
     header_.created = std::time(nullptr);
     header_.model = fc.model->name;
@@ -52,25 +53,34 @@ class HttpCall final : public PublicCall {
   std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_: what the pipeline produced and the surface has not written yet.
-  std::string text_;          // text not yet written (stream) / all of it (whole)
-  bool got_tokens_ = false;   // the first token arrived
+  std::string text_;                 // whole: all the text
+  std::vector<std::string> pieces_;  // stream: text not yet written, a piece per pipeline event
+  bool got_tokens_ = false;          // the first token arrived
   bool ended_ = false;
-  bool cancelling_ = false;   // cancel() called; its end follows
-  bool role_sent_ = false;    // stream: the first chunk (chat: with the role) is out
+  bool cancelling_ = false;  // cancel() called; its end follows
+  bool role_sent_ = false;   // stream: the first chunk (chat: with the role) is out
   Status status_;
   PipelineOutcome outcome_;
 };
 
 void HttpCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
-  text_ += text;
+  if (!stream_) {
+    text_ += text;
+  } else if (!text.empty()) {
+    pieces_.push_back(text);
+  }
   got_tokens_ = got_tokens_ || !ids.empty();
   cv_.notify_all();
 }
 
 void HttpCall::emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) {
   std::lock_guard<std::mutex> lock(mu_);
-  text_ += tail;
+  if (!stream_) {
+    text_ += tail;
+  } else if (!tail.empty()) {
+    pieces_.push_back(tail);
+  }
   ended_ = true;
   status_ = status;
   outcome_ = outcome;
@@ -141,25 +151,39 @@ void HttpCall::send_whole(httplib::Response& res) {
 }
 
 bool HttpCall::write_events(httplib::DataSink& sink) {
+  // One chunk per piece of text, as OpenAI streams them (clients and benchmarks count chunks as
+  // tokens), all that have arrived in one write; the last piece rides in the final chunk.
   std::string out;
   bool done = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    wait_locked(lock, [this] { return ended_ || !text_.empty() || !role_sent_; });
-    const bool first = !role_sent_;
+    wait_locked(lock, [this] { return ended_ || !pieces_.empty() || !role_sent_; });
+    bool first = !role_sent_;
     role_sent_ = true;
-    if (ended_ && status_.ok()) {
-      out += sse_event(chunk_body(header_, text_, first, &outcome_, include_usage_));
+    std::vector<std::string> pieces = std::move(pieces_);
+    pieces_.clear();
+    const bool finished = ended_ && status_.ok();
+    std::string last;
+    if (finished && !pieces.empty()) {
+      last = std::move(pieces.back());
+      pieces.pop_back();
+    }
+    if (!ended_ || finished) {
+      if (pieces.empty() && first && !finished) pieces.emplace_back();  // the opening chunk (chat: the role)
+      for (const std::string& piece : pieces) {
+        out += sse_event(chunk_body(header_, piece, first, nullptr, include_usage_));
+        first = false;
+      }
+    }
+    if (finished) {
+      out += sse_event(chunk_body(header_, last, first, &outcome_, include_usage_));
       if (include_usage_) out += sse_event(usage_chunk_body(header_, outcome_));
       out += kSseDone;
       done = true;
     } else if (ended_) {
       out += sse_event(error_body(http_status_of(status_.code()), status_));
       done = true;
-    } else {
-      out += sse_event(chunk_body(header_, text_, first, nullptr, include_usage_));
     }
-    text_.clear();
   }
   if (!sink.write(out.data(), out.size())) {
     cancel(cancelled("the client closed the connection"));

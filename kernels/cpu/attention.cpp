@@ -111,8 +111,8 @@ void attend_direct(const T* kpool, const T* vpool, const KvLayerView& kv, const 
 // per row and tile: each key's K row is read once per row from L1 (the tile's rows are the cache's
 // own for f32, converted once into a scratch tile for bf16), its NV partial products summed into
 // one lane by sum16; a row's output stays in registers across the tile's P·V. The next tile's
-// rows are prefetched while this one is computed: the cache rows of one kv head are 16·NV·4
-// bytes every n_kv_heads·head_dim elements, and a decode step is bound by reading them.
+// rows are prefetched while this one is computed: the cache rows of one kv head are head_dim
+// elements every n_kv_heads·head_dim, and a decode step is bound by reading them.
 #define BATON_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 // GCC 12 warns that the intrinsics' own undefined-value placeholders may be used uninitialized
 // when they are inlined into target("avx512...") functions; they are not reads of our data.
