@@ -61,6 +61,9 @@ fi
 # This host's way to the registries (resolver, CA bundle, pip's index settings): a new machine on
 # the same network has them too. Nothing of baton comes along.
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# An installed Debian has /etc/hosts (the installer writes it); debootstrap leaves none, and then
+# "localhost" does not resolve (a unit test resolves it, as deployments that name localhost do).
+[[ -f "$root/etc/hosts" ]] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 mkdir -p "$root/etc/ssl/certs" "$root/usr/local/share/ca-certificates"
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/" 2>/dev/null || true
 cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
