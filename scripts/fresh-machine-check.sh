@@ -7,7 +7,7 @@
 #
 #   scripts/fresh-machine-check.sh [--run|--test|--both] [--keep] DIR
 #
-# --run: only the run command (~6 min on 2 cores); --test: only the test command (~15 min);
+# --run: only the run command (~9 min on 2 cores); --test: only the test command (~45 min);
 # --both (default). DIR is made anew unless --keep reuses a root file system made before (faster,
 # but then it is no longer a fresh machine). Needs root, debootstrap (installed if missing) and
 # the network path to Debian's and PyPI's registries. Logs: DIR.log. Exit code: the command's.
