@@ -185,13 +185,18 @@ TEST_CASE("decode-sized steps match the reference for every head size, block siz
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> off(0, 300), pick(0, 3), one_or_two(1, 2);
   const int heads[][2] = {{9, 3}, {8, 1}, {4, 4}, {8, 2}};
-  for (DType kv : {DType::kF32, DType::kBF16}) {
-    for (int hd : {16, 32, 64, 128}) {
-      const auto* h = heads[pick(rng)];
-      const int block = std::array<int, 4>{1, 7, 16, 64}[pick(rng)];
-      const int n_new = h[0] / h[1] == 8 ? 1 : one_or_two(rng);  // at most 8 rows an item
-      INFO("kv " << dtype_name(kv) << ", head_dim " << hd << ", heads " << h[0] << "/" << h[1] << ", block " << block);
-      run_case(rng, h[0], h[1], hd, block, kv, {{off(rng), n_new}, {0, 1}, {15, n_new}, {16, 1}, {off(rng), n_new}});
+  // bf16 compute on a bf16 cache takes the bf16 dot-product path where the CPU has avx512_bf16.
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    for (DType kv : {DType::kF32, DType::kBF16}) {
+      for (int hd : {16, 32, 64, 128}) {
+        const auto* h = heads[pick(rng)];
+        const int block = std::array<int, 4>{1, 7, 16, 64}[pick(rng)];
+        const int n_new = h[0] / h[1] == 8 ? 1 : one_or_two(rng);  // at most 8 rows an item
+        INFO("compute " << dtype_name(compute) << ", kv " << dtype_name(kv) << ", head_dim " << hd << ", heads "
+                        << h[0] << "/" << h[1] << ", block " << block);
+        run_case(rng, h[0], h[1], hd, block, kv, {{off(rng), n_new}, {0, 1}, {15, n_new}, {16, 1}, {off(rng), n_new}},
+                 compute);
+      }
     }
   }
 }
