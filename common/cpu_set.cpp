@@ -2,11 +2,15 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <string>
 
 namespace baton {
 namespace {
@@ -86,6 +90,14 @@ Status pin_current_thread(std::span<const int> cpus) {
   const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   if (rc != 0) {
     return unavailable("cannot run a thread on CPUs " + format_cpu_list(cpus) + ": " + std::strerror(rc));
+  }
+  return {};
+}
+
+Status set_current_thread_nice(int nice) {
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  if (setpriority(PRIO_PROCESS, tid, nice) != 0) {
+    return unavailable("cannot set a thread's niceness to " + std::to_string(nice) + ": " + std::strerror(errno));
   }
   return {};
 }

@@ -25,6 +25,13 @@ std::vector<int> allowed_cpus();
 // UNAVAILABLE when the kernel refuses (e.g. a CPU outside the container's cpuset).
 Status pin_current_thread(std::span<const int> cpus);
 
+// Lowers the calling thread's scheduling priority to niceness `nice` (0..19; Linux schedules
+// threads, so this is the thread's alone). An engine whose cores also run latency-critical
+// threads (gRPC, KV senders, the frontend relaying tokens) steps at a higher niceness so that
+// they preempt it as soon as they wake instead of sharing the core with it. Raising one's own
+// niceness needs no privilege; UNAVAILABLE when the kernel refuses anyway.
+Status set_current_thread_nice(int nice);
+
 // Splits `cpus` into two parts of sizes n_first and cpus.size() - n_first, in order.
 // When cpus.size() < 2 both parts are the whole set (one core cannot be divided).
 struct CpuSplit {

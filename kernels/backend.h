@@ -152,7 +152,8 @@ class Backend {
   // first step: gives that thread, and the team it parallelises over, the backend's cores and
   // thread count (BackendOptions::cpus, n_threads). OpenMP's thread count is a per-thread
   // setting, so a thread that never calls this runs with the process default. UNAVAILABLE when
-  // the cores cannot be had. A device backend has nothing to bind.
+  // the cores cannot be had. With BackendOptions::nice > 0 they also run at that niceness. A
+  // device backend has nothing to bind.
   virtual Status bind_thread() { return {}; }
 
   // ---- memory ----
@@ -244,6 +245,7 @@ struct BackendOptions {
   DType dtype = DType::kBF16;   // gemm compute dtype; bf16 falls back to f32 where unsupported
   int n_threads = 0;            // CPU threads (0: all cores, or one per entry of `cpus`)
   std::vector<int> cpus;        // the cores bind_thread() restricts the step threads to (empty: any)
+  int nice = 0;                 // the step threads' niceness after bind_thread() (common/cpu_set.h)
 };
 
 // The backend for `options.device`; nullptr and a message in `*error` when unavailable.

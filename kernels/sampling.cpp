@@ -9,11 +9,15 @@
 namespace baton {
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  // The first index of the largest value, in two passes that vectorise (a running index does not:
+  // it was 0.2 ms of every row's 49,152 logits). Logits are finite here (sample_logits checks).
+  float mx = logits.empty() ? 0.0f : logits[0];
+#pragma omp simd reduction(max : mx)
+  for (size_t i = 0; i < logits.size(); ++i) mx = logits[i] > mx ? logits[i] : mx;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] == mx) return static_cast<int32_t>(i);
   }
-  return best;
+  return 0;
 }
 
 bool all_finite(std::span<const float> values) {

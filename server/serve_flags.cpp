@@ -85,6 +85,11 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")
       ->check(CLI::Range(1, 1 << 20))
       ->envname("BATON_PREFILL_TOKEN_BUDGET");
+  c->add_option("--prefill-nice", a.prefill_nice,
+                "Prefill: niceness of the engine's compute threads, so that the threads sharing its cores (gRPC, "
+                "KV senders; in baton local the frontend relaying decode tokens) preempt it (0: none)")
+      ->check(CLI::Range(0, 19))
+      ->envname("BATON_PREFILL_NICE");
   c->add_option("--max-request-seconds", a.max_request_seconds,
                 "Decode: longest a request may hold KV blocks, whatever deadline it asks for (DEADLINE_EXCEEDED after)")
       ->check(CLI::Range(1, 7 * 24 * 3600))

@@ -42,6 +42,9 @@ struct ServeArgs {
   std::string chat_template;
   // prefill
   int prefill_token_budget = 2048;
+  // prefill: the engine's step threads' niceness, so that the threads that share its cores (gRPC,
+  // KV senders, in `baton local` the frontend relaying decode tokens) preempt it (0: none)
+  int prefill_nice = 10;
   // decode
   int max_batch = 32;
   // frontend + decode: prompts up to this many tokens are prefilled by the decode worker itself (0: never)

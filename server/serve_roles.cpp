@@ -87,6 +87,8 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   bo.dtype = dtype_of(a.dtype);
   bo.n_threads = a.threads;
   bo.cpus = std::move(cpus);
+  // A prefill engine's steps are throughput work; a decode engine's are the latency it serves.
+  bo.nice = prefills && !decodes ? a.prefill_nice : 0;
   std::string error;
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);

@@ -105,10 +105,11 @@ class CpuKvCache final : public KvCache {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(DType dtype, int n_threads, std::vector<int> cpus)
+  CpuBackend(DType dtype, int n_threads, std::vector<int> cpus, int nice)
       : dtype_(dtype),
         n_threads_(n_threads),
         cpus_(std::move(cpus)),
+        nice_(nice),
         engine_(dnnl::engine::kind::cpu, 0),
         stream_(engine_) {}
 
@@ -116,18 +117,21 @@ class CpuBackend final : public Backend {
   // as many threads as cores and nothing else there, none migrates), n_threads_ of them.
   Status bind_thread() override {
     if (!cpus_.empty()) BATON_RETURN_IF_ERROR(pin_current_thread(cpus_));
+    if (nice_ > 0) BATON_RETURN_IF_ERROR(set_current_thread_nice(nice_));
     const int n = n_threads_ > 0 ? n_threads_ : cpus_.empty() ? 0 : static_cast<int>(cpus_.size());
-    if (n == 0) return {};
-    omp_set_num_threads(n);
-    // The team is made on this thread's first parallel region; make it now, on these cores,
-    // with denormals flushed as on every other team of the process.
-    bool pinned = true;
-#pragma omp parallel num_threads(n) reduction(&& : pinned)
+    if (n == 0 && nice_ == 0) return {};
+    if (n > 0) omp_set_num_threads(n);
+    // The team is made on this thread's first parallel region; make it now, on these cores and
+    // at this niceness, with denormals flushed as on every other team of the process.
+    bool pinned = true, niced = true;
+#pragma omp parallel num_threads(n > 0 ? n : omp_get_max_threads()) reduction(&& : pinned, niced)
     {
       if (!cpus_.empty()) pinned = pin_current_thread(cpus_).ok();
+      if (nice_ > 0) niced = set_current_thread_nice(nice_).ok();
       flush_denormals_on_this_thread();
     }
     if (!pinned) return unavailable("cannot run the engine's OpenMP threads on CPUs " + format_cpu_list(cpus_));
+    if (!niced) return unavailable("cannot run the engine's OpenMP threads at niceness " + std::to_string(nice_));
     return {};
   }
 
@@ -320,6 +324,7 @@ class CpuBackend final : public Backend {
   DType dtype_;
   int n_threads_;          // 0: the process default (or one per core of cpus_)
   std::vector<int> cpus_;  // empty: not pinned
+  int nice_;               // the step threads' niceness (0: left as it is)
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::vector<uint16_t> bf16_scratch_;
@@ -353,7 +358,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::st
   // Without native bf16 the oneDNN bf16 path is emulated and slower than f32: use f32.
   if (dtype == DType::kBF16 && !cpu_has_bf16()) dtype = DType::kF32;
   flush_denormals_on_all_threads();
-  return std::make_unique<CpuBackend>(dtype, options.n_threads, options.cpus);
+  return std::make_unique<CpuBackend>(dtype, options.n_threads, options.cpus, options.nice);
 }
 
 }  // namespace baton

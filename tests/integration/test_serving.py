@@ -4,6 +4,7 @@ deadlines free the KV blocks, overload is refused quickly, bad fields are named,
 valid Prometheus text whose counts match the requests sent."""
 
 import concurrent.futures
+import os
 import random
 import subprocess
 import threading
@@ -277,3 +278,34 @@ def test_clients_may_reuse_request_ids(pb, shared_server):
     for ids, final, msgs in results:
         assert len(ids) == 20
         assert all(m.request_id == "same-id" for m in msgs)
+
+
+def _thread_nice(pid):
+    """{thread id: niceness} of every thread of process `pid` (/proc/PID/task/TID/stat field 19)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        out[int(tid)] = int(fields[16])  # field 19 overall; fields[0] is field 3 (state)
+    return out
+
+
+def test_prefill_engine_runs_at_its_niceness_and_nothing_else_does(pb, test_model, server_factory, rng):
+    """`baton local` lowers only the prefill engine's step threads (--prefill-nice), so that the gRPC,
+    KV sender and frontend threads on its cores preempt it; the decode engine and the rest stay at 0."""
+    nice = rng.randrange(1, 20)
+    srv = server_factory(test_model, "--prefill-nice", nice)
+    ids, final, _ = generate(pb, srv.address, prompt_token_ids=[1, 2, 3, 4, 5], max_tokens=4, ignore_eos=True)
+    assert len(ids) == 4 and final is not None
+    seen = _thread_nice(srv.proc.pid)
+    assert sorted(set(seen.values())) == [0, nice], seen
+    # One prefill engine on one core of two (or sharing one): its step thread is its whole team.
+    assert 1 <= sum(v == nice for v in seen.values()) <= os.cpu_count(), seen
+
+    plain = server_factory(test_model, "--prefill-nice", 0)
+    ids, _, _ = generate(pb, plain.address, prompt_token_ids=[1, 2, 3, 4, 5], max_tokens=4, ignore_eos=True)
+    assert len(ids) == 4
+    assert set(_thread_nice(plain.proc.pid).values()) == {0}

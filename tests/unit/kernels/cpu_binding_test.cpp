@@ -1,9 +1,13 @@
 // CPU sets and the CPU backend's thread binding: an engine's step thread and its OpenMP team run
-// on the cores the backend was given, as many threads as asked.
+// on the cores the backend was given, as many threads as asked, at the niceness asked.
 #include <omp.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <catch2/catch.hpp>
 #include <random>
 #include <set>
@@ -26,6 +30,13 @@ std::vector<int> this_thread_cpus() {
     if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
   return cpus;
+}
+
+int this_thread_nice() {
+  errno = 0;
+  const int n = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  REQUIRE(errno == 0);
+  return n;
 }
 
 }  // namespace
@@ -122,6 +133,46 @@ TEST_CASE("the CPU backend binds a step thread and its team to its cores", "[cpu
   });
   t.join();
   CHECK(after == allowed);
+}
+
+TEST_CASE("a backend given a niceness runs its step thread and team at it, and no other thread", "[cpu_set]") {
+  const int before = this_thread_nice();
+  std::mt19937 rng(std::random_device{}());
+  const int nice = std::min(19, before + 1 + static_cast<int>(rng() % 9));
+  BackendOptions options;
+  options.dtype = DType::kF32;
+  options.n_threads = 2;
+  options.nice = nice;
+  std::string error;
+  auto backend = make_backend(options, &error);
+  REQUIRE(backend != nullptr);
+  Status bound;
+  int step_nice = -100;
+  std::set<int> team_nice;
+  std::thread engine([&] {
+    bound = backend->bind_thread();
+    step_nice = this_thread_nice();
+#pragma omp parallel
+    {
+      const int n = this_thread_nice();
+#pragma omp critical
+      team_nice.insert(n);
+    }
+  });
+  engine.join();
+  REQUIRE(bound.ok());
+  CHECK(step_nice == nice);
+  CHECK(team_nice == std::set<int>{nice});
+  // The calling thread and its own team are untouched.
+  CHECK(this_thread_nice() == before);
+  std::set<int> main_team;
+#pragma omp parallel num_threads(2)
+  {
+    const int n = this_thread_nice();
+#pragma omp critical
+    main_team.insert(n);
+  }
+  CHECK(main_team == std::set<int>{before});
 }
 
 }  // namespace baton
