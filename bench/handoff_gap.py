@@ -10,7 +10,7 @@ to be compared with (cores that do not fight).
 
 Run from the repository root after scripts/build.sh, with the test venv (scripts/env.sh):
   $BATON_VENV/bin/python bench/handoff_gap.py [--model GGUF] [--requests 20] [--prompt-tokens 256]
-      [--output-tokens 64] [--kv-dtype f32] [--extra "--decode-cpus 0 --prefill-cpus 1"]
+      [--output-tokens 64] [--kv-dtype bf16] [--extra "--decode-cpus 0 --prefill-cpus 1"]
 """
 
 import argparse
@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16", "f16"])
+    ap.add_argument("--kv-dtype", default="bf16", choices=["f32", "bf16", "f16"])  # baton's default under bf16
     ap.add_argument("--extra", default="", help="more `baton local` flags")
     ap.add_argument("--generate-threads", type=int, nargs="*", default=[1, 2])
     a = ap.parse_args()

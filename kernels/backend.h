@@ -254,8 +254,9 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string
 // The CUDA device ordinal `device` names: "cuda" → 0, "cuda:N" → N; nullopt for anything else.
 std::optional<int> cuda_device_ordinal(std::string_view device);
 
-// The KV cache dtype --kv-dtype `name` asks for on `backend`: "" is the backend's default (f32
-// where its activations are f32, else bf16). INVALID_ARGUMENT when its attention cannot read it.
+// The KV cache dtype --kv-dtype `name` asks for on `backend`: "" is the backend's default, bf16
+// where it computes in bf16 (the CPU's default --dtype on CPUs with bf16, CUDA), else f32 (the
+// exact mode: --dtype f32, or a CPU without bf16). INVALID_ARGUMENT when its attention cannot read it.
 Result<DType> resolve_kv_dtype(const Backend& backend, std::string_view name);
 
 }  // namespace baton

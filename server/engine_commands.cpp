@@ -74,7 +74,7 @@ struct GenerateArgs {
   int threads = 0;
   std::string device = "cpu";
   std::string dtype = "bf16";
-  std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
+  std::string kv_dtype;  // empty: bf16 under bf16 compute, else f32 (resolve_kv_dtype)
   int block_size = 16;
   std::string weights = "auto";
 };
@@ -235,7 +235,7 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   g->add_option("--dtype", gen->dtype, "GEMM compute type: bf16 (default where supported) or f32 (exact, CPU only)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   g->add_option("--weights", gen->weights, kWeightsHelp)->check(CLI::IsMember({"auto", "native", "dense"}));
-  g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16 (default: f32 on CPU, bf16 on CUDA)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  g->add_option("--kv-dtype", gen->kv_dtype, "KV cache type: f32, bf16 or f16 (default: bf16 with --dtype bf16 where the device computes in bf16, else f32)")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   g->add_option("--block-size", gen->block_size, "KV block size in tokens")->check(CLI::Range(1, 4096));
   g->callback([gen, run, g] {
     if (g->count("--prompt") + g->count("--chat") + g->count("--prompt-ids") == 0) {

@@ -26,7 +26,7 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
       ->envname("BATON_THREADS");
   c->add_option("--device", a.device, "cpu, or cuda[:N] for the CUDA backend (bf16)")->envname("BATON_DEVICE");
   c->add_option("--dtype", a.dtype, "GEMM compute type")->check(CLI::IsMember({"f32", "bf16"}))->envname("BATON_DTYPE");
-  c->add_option("--kv-dtype", a.kv_dtype, "KV cache type (default: f32 on CPU, bf16 on CUDA)")
+  c->add_option("--kv-dtype", a.kv_dtype, "KV cache type: f32, bf16 or f16 (default: bf16 with --dtype bf16 where the device computes in bf16, else f32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->envname("BATON_KV_DTYPE");
   c->add_option("--weights", a.weights, kWeightsHelp)

@@ -24,7 +24,7 @@ struct ServeArgs {
   std::string decode_cpus, prefill_cpus;
   std::string device = "cpu";
   std::string dtype = "bf16";
-  std::string kv_dtype;  // empty: f32 on CPU, bf16 on CUDA
+  std::string kv_dtype;  // empty: bf16 under bf16 compute, else f32 (resolve_kv_dtype)
   std::string kv_transport = "tcp";  // prefill: how KV reaches decode workers (tcp | cuda_ipc | nccl)
   std::string weights = "auto";      // auto | native | dense (engine_commands.h)
   int block_size = 16;

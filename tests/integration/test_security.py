@@ -406,13 +406,14 @@ def test_kv_only_from_the_prefill_worker_the_admit_named(pb, pki, test_model, se
     decode = server_factory(test_model, *internal_flags(pki, "decode"), subcommand=("serve", "--role", "decode"))
     with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["frontend"])) as ch:
         stub = pb.worker_grpc.DecodeWorkerStub(ch)
-        fingerprint = stub.GetLoad(pb.worker.LoadRequest(), timeout=5).model_fingerprint
+        load = stub.GetLoad(pb.worker.LoadRequest(), timeout=5)
+        fingerprint, kv_dtype = load.model_fingerprint, load.kv_dtype
 
         def transfer(kv_sender):
             rid = os.urandom(16).hex()
             stub.Admit(pb.worker.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender=kv_sender,
                                               model_fingerprint=fingerprint), timeout=10)
-            header = pb.worker.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2,
+            header = pb.worker.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype=kv_dtype, n_layers=2,
                                         n_kv_heads=2, head_dim=16, n_tokens=8, token_ids=PROMPT)
             try:
                 stub.TransferKv(iter([pb.worker.KvMessage(header=header)]), timeout=10)
@@ -567,11 +568,12 @@ def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, p
     w = pb.worker
     with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["prefill"])) as ch:
         stub = pb.worker_grpc.DecodeWorkerStub(ch)
-        fingerprint = stub.GetLoad(w.LoadRequest(), timeout=5).model_fingerprint
+        load = stub.GetLoad(w.LoadRequest(), timeout=5)
+        fingerprint = load.model_fingerprint
         rid = os.urandom(16).hex()
         stub.Admit(w.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4, kv_sender="127.0.0.1:1",
                                   model_fingerprint=fingerprint), timeout=10)
-        header = w.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype="f32", n_layers=2, n_kv_heads=2,
+        header = w.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype=load.kv_dtype, n_layers=2, n_kv_heads=2,
                             head_dim=16, n_tokens=8, token_ids=PROMPT)
         chunk = w.KvLayerChunk(layer=0, token_start=0, token_count=8, k=bytes(65 << 20), v=b"")
         with pytest.raises(grpc.RpcError) as e:

@@ -201,7 +201,7 @@ def test_unknown_model_is_refused(pb, shared_server):
 
 
 def test_metrics_are_valid_and_count_requests(pb, test_model, server_factory, tmp_path):
-    srv = server_factory(test_model)
+    srv = server_factory(test_model, "--kv-dtype", "f32")  # the byte count below is of f32 KV
     n = 5
     for i in range(n):
         generate(pb, srv.address, prompt_token_ids=[7 + i, 8, 9], max_tokens=4, ignore_eos=True)
