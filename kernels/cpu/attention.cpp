@@ -181,6 +181,30 @@ inline void prefetch_keys(const T* kpool, const T* vpool, const KvLayerView& kv,
   }
 }
 
+// The key tiles of a decode item, 16 keys each: at(k0) gives the cache offsets of tile k0's rows
+// (kv head g; the item's other heads follow it in each row) and prefetches the rows kPrefetchKeys
+// ahead; the first tiles' rows are prefetched when it is made.
+template <typename T>
+struct KeyTiles {
+  KeyTiles(const T* kpool, const T* vpool, const KvLayerView& kv, const SeqView& sv, int g, int row_lines,
+           int32_t n_keys)
+      : kpool(kpool), vpool(vpool), kv(kv), sv(sv), g(g), row_lines(row_lines), n_keys(n_keys) {
+    for (int32_t k = 16; k < kPrefetchKeys; k += 16) prefetch_keys(kpool, vpool, kv, sv, k, n_keys, g, row_lines);
+  }
+  int at(int32_t k0, size_t* off) const {  // the tile's key count
+    const int kn = std::min<int32_t>(16, n_keys - k0);
+    tile_offsets(kv, sv, k0, kn, g, off);
+    prefetch_keys(kpool, vpool, kv, sv, k0 + kPrefetchKeys, n_keys, g, row_lines);
+    return kn;
+  }
+  const T* kpool;
+  const T* vpool;
+  const KvLayerView& kv;
+  const SeqView& sv;
+  int g, row_lines;
+  int32_t n_keys;
+};
+
 template <typename T, int NV>
 BATON_AVX512 void attend_direct_avx512(const T* kpool, const T* vpool, const KvLayerView& kv, const SeqView& sv,
                                        const WorkItem& it, int group, int rows, Scratch& sc) {
@@ -195,15 +219,10 @@ BATON_AVX512 void attend_direct_avx512(const T* kpool, const T* vpool, const KvL
   const float* vrow[kTile];
   const int32_t first_pos = sv.kv_offset + it.q0;
   const int32_t n_keys = first_pos + it.n_q;
-  const int row_lines = lines * it.n_g;  // the item's heads are adjacent in a cache row
+  const KeyTiles<T> tiles(kpool, vpool, kv, sv, it.g, lines * it.n_g, n_keys);  // heads adjacent in a row
   size_t off[kTile];
-  for (int32_t k = kTile; k < kPrefetchKeys; k += kTile) {
-    prefetch_keys(kpool, vpool, kv, sv, k, n_keys, it.g, row_lines);
-  }
   for (int32_t k0 = 0; k0 < n_keys; k0 += kTile) {
-    const int kn = std::min<int32_t>(kTile, n_keys - k0);
-    tile_offsets(kv, sv, k0, kn, it.g, off);
-    prefetch_keys(kpool, vpool, kv, sv, k0 + kPrefetchKeys, n_keys, it.g, row_lines);
+    const int kn = tiles.at(k0, off);
     const bool crosses_diagonal = k0 + kTile - 1 > first_pos;
     for (int gi = 0; gi < it.n_g; ++gi) {
     const size_t head = static_cast<size_t>(gi) * hd;
@@ -289,15 +308,10 @@ BATON_AVX512_BF16 void attend_direct_bf16_dot(const uint16_t* kpool, const uint1
   alignas(64) __m512i vpair[kTile / 2][2 * NB];  // keys 2t and 2t+1 interleaved, per 32 dims: unpacklo, unpackhi
   const int32_t first_pos = sv.kv_offset + it.q0;
   const int32_t n_keys = first_pos + it.n_q;
-  const int row_lines = NB * it.n_g;  // the item's heads are adjacent in a cache row
+  const KeyTiles<uint16_t> tiles(kpool, vpool, kv, sv, it.g, NB * it.n_g, n_keys);  // heads adjacent in a row
   size_t off[kTile];
-  for (int32_t k = kTile; k < kPrefetchKeys; k += kTile) {
-    prefetch_keys(kpool, vpool, kv, sv, k, n_keys, it.g, row_lines);
-  }
   for (int32_t k0 = 0; k0 < n_keys; k0 += kTile) {
-    const int kn = std::min<int32_t>(kTile, n_keys - k0);
-    tile_offsets(kv, sv, k0, kn, it.g, off);
-    prefetch_keys(kpool, vpool, kv, sv, k0 + kPrefetchKeys, n_keys, it.g, row_lines);
+    const int kn = tiles.at(k0, off);
     const bool crosses_diagonal = k0 + kTile - 1 > first_pos;
     for (int gi = 0; gi < it.n_g; ++gi) {
     const size_t head = static_cast<size_t>(gi) * hd;
