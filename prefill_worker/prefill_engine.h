@@ -57,7 +57,7 @@ namespace baton {
 class Metrics;
 
 struct PrefillConfig {
-  int token_budget = 2048;           // --prefill-token-budget: most prompt tokens in one step (one forward)
+  int token_budget = 512;            // --prefill-token-budget: most prompt tokens in one step (one forward)
   int n_blocks = 0;                  // KV blocks in the worker's cache; 0: enough for max(4 × token_budget,
                                      // the model's context) tokens
   int block_size = 16;               // tokens per KV block

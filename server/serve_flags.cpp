@@ -82,7 +82,9 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
       ->envname("BATON_NO_WORKER_TIMEOUT");
   c->add_option("--chat-template", a.chat_template, "chatml | llama3 (default: from the model)")
       ->envname("BATON_CHAT_TEMPLATE");
-  c->add_option("--prefill-token-budget", a.prefill_token_budget, "Prefill: most prompt tokens per step")
+  c->add_option("--prefill-token-budget", a.prefill_token_budget,
+                "Prefill: most prompt tokens per step (default 512; a larger budget batches more prompts into one "
+                "step and holds every first token in it until the step ends)")
       ->check(CLI::Range(1, 1 << 20))
       ->envname("BATON_PREFILL_TOKEN_BUDGET");
   c->add_option("--prefill-nice", a.prefill_nice,

@@ -41,7 +41,9 @@ struct ServeArgs {
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;
   // prefill
-  int prefill_token_budget = 2048;
+  // Steps short enough that a prompt's first token does not wait for seven others (bench/RESULTS.md,
+  // "Serving at c=8": on a CPU core a 2,048-token step is ~3 s; a GPU may take a larger budget).
+  int prefill_token_budget = 512;
   // prefill: the engine's step threads' niceness, so that the threads that share its cores (gRPC,
   // KV senders, in `baton local` the frontend relaying decode tokens) preempt it (0: none)
   int prefill_nice = 10;

@@ -313,7 +313,11 @@ def test_a_skewed_clock_is_flagged(batonctl, pb, test_model, server_factory, off
     assert got.returncode == 1, got.stdout + got.stderr
     block = problem_block(got.stdout, f"prefill worker {fake.address}")
     assert ("ahead of" if offset > 0 else "behind") in block and "NTP" in block
-    assert re.search(r"clock is 5\.0\d\d s", block), block
+    # One exchange bounds the offset to within half its round trip (the fake stamps its clock
+    # somewhere inside it): on a busy machine the round trip is tens of milliseconds.
+    m = re.search(r"clock is (\d+\.\d+) s (?:ahead of|behind) this machine's \(round trip (\d+\.\d+) s", block)
+    assert m, block
+    assert abs(float(m[1]) - 5.0) <= float(m[2]) / 2 + 0.01, block
     assert got.stdout.count("  - ") == 1  # the only problem
 
 
