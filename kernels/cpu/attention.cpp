@@ -79,39 +79,39 @@ void attend_direct(const T* kpool, const T* vpool, const KvLayerView& kv, const 
     const int kn = std::min<int32_t>(kKeyTile, n_keys - k0);
     const bool crosses_diagonal = k0 + kKeyTile - 1 > first_pos;
     for (int gi = 0; gi < it.n_g; ++gi) {
-    for (int j = 0; j < kn; ++j) {
-      const size_t off = kv_offset_of(kv, sv, k0 + j, it.g + gi);
-      krow[j] = kpool + off;
-      vrow[j] = vpool + off;
-    }
-    float* Q = sc.q.data() + static_cast<size_t>(gi) * rows * hd;
-    float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
-    float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
-    float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
-    for (int r = 0; r < rows; ++r) {
-      float* sr = S + static_cast<size_t>(r) * kKeyTile;
-      const float* qr = Q + static_cast<size_t>(r) * hd;
       for (int j = 0; j < kn; ++j) {
-        const T* kj = krow[j];
-        float acc = 0.0f;
+        const size_t off = kv_offset_of(kv, sv, k0 + j, it.g + gi);
+        krow[j] = kpool + off;
+        vrow[j] = vpool + off;
+      }
+      float* Q = sc.q.data() + static_cast<size_t>(gi) * rows * hd;
+      float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
+      float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
+      float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
+      for (int r = 0; r < rows; ++r) {
+        float* sr = S + static_cast<size_t>(r) * kKeyTile;
+        const float* qr = Q + static_cast<size_t>(r) * hd;
+        for (int j = 0; j < kn; ++j) {
+          const T* kj = krow[j];
+          float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-        for (int d = 0; d < hd; ++d) acc += qr[d] * as_f32(kj[d]);
-        sr[j] = acc;
-      }
-      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
-      const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &M[r]);
-      L[r] = L[r] * st.alpha + st.sum;
-      float* orow = O + static_cast<size_t>(r) * hd;
-      const float alpha = st.alpha;
+          for (int d = 0; d < hd; ++d) acc += qr[d] * as_f32(kj[d]);
+          sr[j] = acc;
+        }
+        const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+        const SoftmaxStep st = softmax_row_update(sr, kKeyTile, limit, &M[r]);
+        L[r] = L[r] * st.alpha + st.sum;
+        float* orow = O + static_cast<size_t>(r) * hd;
+        const float alpha = st.alpha;
 #pragma omp simd
-      for (int d = 0; d < hd; ++d) orow[d] *= alpha;
-      for (int j = 0; j < limit; ++j) {
-        const float p = sr[j];
-        const T* vj = vrow[j];
+        for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+        for (int j = 0; j < limit; ++j) {
+          const float p = sr[j];
+          const T* vj = vrow[j];
 #pragma omp simd
-        for (int d = 0; d < hd; ++d) orow[d] += p * as_f32(vj[d]);
+          for (int d = 0; d < hd; ++d) orow[d] += p * as_f32(vj[d]);
+        }
       }
-    }
     }
   }
 }
@@ -225,51 +225,51 @@ BATON_AVX512 void attend_direct_avx512(const T* kpool, const T* vpool, const KvL
     const int kn = tiles.at(k0, off);
     const bool crosses_diagonal = k0 + kTile - 1 > first_pos;
     for (int gi = 0; gi < it.n_g; ++gi) {
-    const size_t head = static_cast<size_t>(gi) * hd;
-    for (int j = 0; j < kn; ++j) {
-      if constexpr (f32) {
-        krow[j] = reinterpret_cast<const float*>(kpool + off[j] + head);
-        vrow[j] = reinterpret_cast<const float*>(vpool + off[j] + head);
-      } else {
-        for (int v = 0; v < NV; ++v) {
-          _mm512_store_ps(kbuf + j * hd + 16 * v, load16(kpool + off[j] + head + 16 * v));
-          _mm512_store_ps(vbuf + j * hd + 16 * v, load16(vpool + off[j] + head + 16 * v));
-        }
-        krow[j] = kbuf + j * hd;
-        vrow[j] = vbuf + j * hd;
-      }
-    }
-    const float* Q = sc.q.data() + static_cast<size_t>(gi) * rows * hd;
-    float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
-    float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
-    float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
-    for (int r = 0; r < rows; ++r) {
-      __m512 qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(Q + static_cast<size_t>(r) * hd + 16 * v);
-      __m512 p[kTile];
-      for (int j = 0; j < kTile; ++j) {
-        if (j < kn) {
-          __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(krow[j]));
-          for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(krow[j] + 16 * v), acc);
-          p[j] = acc;
+      const size_t head = static_cast<size_t>(gi) * hd;
+      for (int j = 0; j < kn; ++j) {
+        if constexpr (f32) {
+          krow[j] = reinterpret_cast<const float*>(kpool + off[j] + head);
+          vrow[j] = reinterpret_cast<const float*>(vpool + off[j] + head);
         } else {
-          p[j] = _mm512_setzero_ps();
+          for (int v = 0; v < NV; ++v) {
+            _mm512_store_ps(kbuf + j * hd + 16 * v, load16(kpool + off[j] + head + 16 * v));
+            _mm512_store_ps(vbuf + j * hd + 16 * v, load16(vpool + off[j] + head + 16 * v));
+          }
+          krow[j] = kbuf + j * hd;
+          vrow[j] = vbuf + j * hd;
         }
       }
-      _mm512_store_ps(S, sum16(p));
-      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
-      const SoftmaxStep st = softmax_row_update(S, kTile, limit, &M[r]);
-      L[r] = L[r] * st.alpha + st.sum;
-      float* orow = O + static_cast<size_t>(r) * hd;
-      __m512 ov[NV];
-      const __m512 alpha = _mm512_set1_ps(st.alpha);
-      for (int v = 0; v < NV; ++v) ov[v] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * v), alpha);
-      for (int j = 0; j < limit; ++j) {
-        const __m512 pj = _mm512_set1_ps(S[j]);
-        for (int v = 0; v < NV; ++v) ov[v] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vrow[j] + 16 * v), ov[v]);
+      const float* Q = sc.q.data() + static_cast<size_t>(gi) * rows * hd;
+      float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
+      float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
+      float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
+      for (int r = 0; r < rows; ++r) {
+        __m512 qv[NV];
+        for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(Q + static_cast<size_t>(r) * hd + 16 * v);
+        __m512 p[kTile];
+        for (int j = 0; j < kTile; ++j) {
+          if (j < kn) {
+            __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(krow[j]));
+            for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(krow[j] + 16 * v), acc);
+            p[j] = acc;
+          } else {
+            p[j] = _mm512_setzero_ps();
+          }
+        }
+        _mm512_store_ps(S, sum16(p));
+        const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+        const SoftmaxStep st = softmax_row_update(S, kTile, limit, &M[r]);
+        L[r] = L[r] * st.alpha + st.sum;
+        float* orow = O + static_cast<size_t>(r) * hd;
+        __m512 ov[NV];
+        const __m512 alpha = _mm512_set1_ps(st.alpha);
+        for (int v = 0; v < NV; ++v) ov[v] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * v), alpha);
+        for (int j = 0; j < limit; ++j) {
+          const __m512 pj = _mm512_set1_ps(S[j]);
+          for (int v = 0; v < NV; ++v) ov[v] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vrow[j] + 16 * v), ov[v]);
+        }
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(orow + 16 * v, ov[v]);
       }
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(orow + 16 * v, ov[v]);
-    }
     }
   }
 }
@@ -290,8 +290,7 @@ bool direct_bf16_dot_supported() {
 
 template <int NB>  // head_dim = 32·NB
 BATON_AVX512_BF16 void attend_direct_bf16_dot(const uint16_t* kpool, const uint16_t* vpool, const KvLayerView& kv,
-                                              const SeqView& sv, const WorkItem& it, int group, int rows,
-                                              Scratch& sc) {
+                                              const SeqView& sv, const WorkItem& it, int group, int rows, Scratch& sc) {
   constexpr int hd = 32 * NB;
   constexpr int kTile = 16;
   const int n_rows = rows * it.n_g;
@@ -314,47 +313,49 @@ BATON_AVX512_BF16 void attend_direct_bf16_dot(const uint16_t* kpool, const uint1
     const int kn = tiles.at(k0, off);
     const bool crosses_diagonal = k0 + kTile - 1 > first_pos;
     for (int gi = 0; gi < it.n_g; ++gi) {
-    const size_t head = static_cast<size_t>(gi) * hd;
-    for (int t = 0; t < kTile / 2; ++t) {
-      for (int c = 0; c < NB; ++c) {
-        const int j = 2 * t;
-        const __m512i a = j < kn ? _mm512_loadu_si512(vpool + off[j] + head + 32 * c) : _mm512_setzero_si512();
-        const __m512i b = j + 1 < kn ? _mm512_loadu_si512(vpool + off[j + 1] + head + 32 * c) : _mm512_setzero_si512();
-        vpair[t][2 * c] = _mm512_unpacklo_epi16(a, b);
-        vpair[t][2 * c + 1] = _mm512_unpackhi_epi16(a, b);
-      }
-    }
-    float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
-    float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
-    float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
-    for (int r = 0; r < rows; ++r) {
-      const uint16_t* qr = sc.qb.data() + static_cast<size_t>(gi * rows + r) * hd;
-      __m512 p[kTile];
-      for (int j = 0; j < kTile; ++j) {
-        __m512 acc = _mm512_setzero_ps();
-        if (j < kn) {
-          for (int c = 0; c < NB; ++c) {
-            acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(qr + 32 * c)),
-                                   reinterpret_cast<__m512bh>(_mm512_loadu_si512(kpool + off[j] + head + 32 * c)));
-          }
+      const size_t head = static_cast<size_t>(gi) * hd;
+      for (int t = 0; t < kTile / 2; ++t) {
+        for (int c = 0; c < NB; ++c) {
+          const int j = 2 * t;
+          const __m512i a = j < kn ? _mm512_loadu_si512(vpool + off[j] + head + 32 * c) : _mm512_setzero_si512();
+          const __m512i b =
+              j + 1 < kn ? _mm512_loadu_si512(vpool + off[j + 1] + head + 32 * c) : _mm512_setzero_si512();
+          vpair[t][2 * c] = _mm512_unpacklo_epi16(a, b);
+          vpair[t][2 * c + 1] = _mm512_unpackhi_epi16(a, b);
         }
-        p[j] = acc;
       }
-      _mm512_store_ps(S, sum16(p));
-      const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
-      const SoftmaxStep st = softmax_row_update(S, kTile, limit, &M[r]);
-      L[r] = L[r] * st.alpha + st.sum;
-      _mm256_store_si256(reinterpret_cast<__m256i*>(P), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(S))));
-      float* orow = O + static_cast<size_t>(r) * hd;
-      __m512 ov[2 * NB];
-      const __m512 alpha = _mm512_set1_ps(st.alpha);
-      for (int v = 0; v < 2 * NB; ++v) ov[v] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * v), alpha);
-      for (int t = 0; t < (limit + 1) / 2; ++t) {  // P is 0 past limit
-        const __m512bh pt = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(P[t])));
-        for (int v = 0; v < 2 * NB; ++v) ov[v] = _mm512_dpbf16_ps(ov[v], pt, reinterpret_cast<__m512bh>(vpair[t][v]));
+      float* O = sc.o.data() + static_cast<size_t>(gi) * rows * hd;
+      float* M = sc.m.data() + static_cast<size_t>(gi) * rows;
+      float* L = sc.l.data() + static_cast<size_t>(gi) * rows;
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t* qr = sc.qb.data() + static_cast<size_t>(gi * rows + r) * hd;
+        __m512 p[kTile];
+        for (int j = 0; j < kTile; ++j) {
+          __m512 acc = _mm512_setzero_ps();
+          if (j < kn) {
+            for (int c = 0; c < NB; ++c) {
+              acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(qr + 32 * c)),
+                                     reinterpret_cast<__m512bh>(_mm512_loadu_si512(kpool + off[j] + head + 32 * c)));
+            }
+          }
+          p[j] = acc;
+        }
+        _mm512_store_ps(S, sum16(p));
+        const int32_t limit = crosses_diagonal ? std::clamp<int32_t>(first_pos + r / group - k0 + 1, 0, kn) : kn;
+        const SoftmaxStep st = softmax_row_update(S, kTile, limit, &M[r]);
+        L[r] = L[r] * st.alpha + st.sum;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(P),
+                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(S))));
+        float* orow = O + static_cast<size_t>(r) * hd;
+        __m512 ov[2 * NB];
+        const __m512 alpha = _mm512_set1_ps(st.alpha);
+        for (int v = 0; v < 2 * NB; ++v) ov[v] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * v), alpha);
+        for (int t = 0; t < (limit + 1) / 2; ++t) {  // P is 0 past limit
+          const __m512bh pt = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(P[t])));
+          for (int v = 0; v < 2 * NB; ++v) ov[v] = _mm512_dpbf16_ps(ov[v], pt, reinterpret_cast<__m512bh>(vpair[t][v]));
+        }
+        for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(orow + 16 * v, ov[v]);
       }
-      for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(orow + 16 * v, ov[v]);
-    }
     }
   }
   // Unpack order back to dims: lane 4L+i of the unpacklo vector is dim 8L+i, of unpackhi 8L+4+i.

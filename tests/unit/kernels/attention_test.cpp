@@ -192,8 +192,8 @@ TEST_CASE("decode-sized steps match the reference for every head size, block siz
         const auto* h = heads[pick(rng)];
         const int block = std::array<int, 4>{1, 7, 16, 64}[pick(rng)];
         const int n_new = h[0] / h[1] == 8 ? 1 : one_or_two(rng);  // at most 8 rows an item
-        INFO("compute " << dtype_name(compute) << ", kv " << dtype_name(kv) << ", head_dim " << hd << ", heads "
-                        << h[0] << "/" << h[1] << ", block " << block);
+        INFO("compute " << dtype_name(compute) << ", kv " << dtype_name(kv) << ", head_dim " << hd << ", heads " << h[0]
+                        << "/" << h[1] << ", block " << block);
         run_case(rng, h[0], h[1], hd, block, kv, {{off(rng), n_new}, {0, 1}, {15, n_new}, {16, 1}, {off(rng), n_new}},
                  compute);
       }

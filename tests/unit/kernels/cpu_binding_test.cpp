@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <random>
 #include <set>
 #include <string>
