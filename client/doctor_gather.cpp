@@ -1,13 +1,11 @@
 #include "client/doctor_gather.h"
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include <chrono>
-#include <future>
 #include <map>
 
 #include "baton/v1/admin.grpc.pb.h"
 #include "baton/v1/worker.grpc.pb.h"
+#include "client/health_check.h"
 
 namespace baton::ctl {
 namespace {
@@ -52,27 +50,6 @@ grpc::Status call(InterruptWatcher& interrupts, double timeout_seconds, Rpc rpc,
   return s;
 }
 
-// grpc.health.v1.Health/Check of the whole server (an empty HealthCheckRequest).
-grpc::Status health_check(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& context,
-                          std::string* status) {
-  grpc::GenericStub stub(channel);
-  grpc::ByteBuffer request;  // the empty message
-  grpc::Slice empty{std::string()};
-  request = grpc::ByteBuffer(&empty, 1);
-  grpc::ByteBuffer response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  grpc::Status s = done.get_future().get();
-  if (!s.ok()) return s;
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "unreadable health response");
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  *status = health_status_name(bytes);
-  return s;
-}
-
 // Calls `rpc` and notes the node's clock against ours, from the wall time it reports.
 template <class Rpc>
 grpc::Status timed_call(InterruptWatcher& interrupts, double timeout, NodeReport& n, Rpc rpc,
@@ -110,7 +87,7 @@ NodeReport check_worker(const DoctorTargets& t, const std::string& role, const s
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, t.internal, args);
   grpc::Status s = call(interrupts, t.timeout_seconds,
-                        [&](grpc::ClientContext& c) { return health_check(channel, c, &n.health); });
+                        [&](grpc::ClientContext& c) { return health_check(channel, c, "", &n.health); });
   if (!s.ok()) {
     record_failure(n, "health", s);
     return n;
@@ -138,7 +115,7 @@ void check_frontend(const DoctorTargets& t, DoctorReport& r, InterruptWatcher& i
   std::string error;
   auto channel = make_channel(t.frontend, &error);  // the files were checked with the flags
   grpc::Status s = call(interrupts, t.timeout_seconds,
-                        [&](grpc::ClientContext& c) { return health_check(channel, c, &n.health); });
+                        [&](grpc::ClientContext& c) { return health_check(channel, c, "", &n.health); });
   if (!s.ok()) {
     record_failure(n, "health", s);
     r.frontend = n;
@@ -211,32 +188,6 @@ LinkReport probe_link(const DoctorTargets& t, const NodeReport& p, const NodeRep
 }
 
 }  // namespace
-
-std::string health_status_name(const std::string& bytes) {
-  // Fields as varints: status is field 1, wire type 0; absent means UNKNOWN (0).
-  int64_t status = 0;
-  size_t i = 0;
-  auto varint = [&](int64_t* v) {
-    *v = 0;
-    for (int shift = 0; i < bytes.size() && shift < 64; shift += 7) {
-      const auto b = static_cast<unsigned char>(bytes[i++]);
-      *v |= static_cast<int64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) return true;
-    }
-    return false;
-  };
-  while (i < bytes.size()) {
-    int64_t key = 0, value = 0;
-    if (!varint(&key) || (key & 7) != 0 || !varint(&value)) return "UNKNOWN";
-    if (key >> 3 == 1) status = value;
-  }
-  switch (status) {
-    case 1: return "SERVING";
-    case 2: return "NOT_SERVING";
-    case 3: return "SERVICE_UNKNOWN";
-    default: return "UNKNOWN";
-  }
-}
 
 DoctorReport doctor_gather(const DoctorTargets& t, InterruptWatcher& interrupts,
                            const std::function<void(const std::string&)>& progress) {

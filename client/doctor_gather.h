@@ -38,9 +38,4 @@ struct DoctorTargets {
 DoctorReport doctor_gather(const DoctorTargets& targets, InterruptWatcher& interrupts,
                            const std::function<void(const std::string&)>& progress);
 
-// The `status` of a serialized grpc.health.v1.HealthCheckResponse ({ServingStatus status = 1}):
-// "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN". The two health messages are written
-// by hand: grpc++ installs no generated code for them.
-std::string health_status_name(const std::string& response_bytes);
-
 }  // namespace baton::ctl

@@ -2,31 +2,39 @@
 //   batonctl generate  stream one completion and its timing breakdown
 //   batonctl bench     load-test a frontend (closed loop or Poisson arrivals)
 //   batonctl doctor    check a deployment: its roles, their agreement, every KV link's bandwidth
+//   batonctl health    one grpc.health.v1 check of a role (a probe command)
 // Errors are one line on stderr, "batonctl: error: ...", with exit code 1 (server or RPC
 // failure; doctor: a problem found), 2 (bad flags) or 130 (interrupted); nothing throws out.
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "client/bench_command.h"
 #include "client/channel.h"
 #include "client/doctor_command.h"
 #include "client/generate_command.h"
+#include "client/health_command.h"
 #include "client/interrupt_watcher.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   using namespace baton::ctl;
   CLI::App app{"batonctl: client for a baton deployment", "batonctl"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("batonctl ") + baton::baton_version());
   std::function<int(InterruptWatcher&)> run;
   add_generate_command(app, &run);
   add_bench_command(app, &run);
   add_doctor_command(app, &run);
+  add_health_command(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return fail(kExitUsage, std::string(e.what()) + " (see --help)");

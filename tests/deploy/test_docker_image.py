@@ -37,8 +37,25 @@ def test_multi_stage_from_cuda_devel_to_runtime():
     dev_packages = re.findall(r"(?<![\w/.-])[a-z0-9][\w.+-]*?-dev(?:-[0-9-]+)?(?![\w.-])", runtime)
     assert not dev_packages, f"the runtime stage installs development packages {dev_packages}"
     copies = final.all("COPY")
-    assert any(c.startswith("--from=cuda-devel") and "build/baton" in c and "/usr/local/bin/" in c for c in copies), copies
-    assert any("build/batonctl" in c for c in copies), "batonctl is not in the image"
+    assert "--from=binaries /out/baton /out/batonctl /usr/local/bin/" in copies, copies
+    assert "--from=binaries /out/runtime-packages.txt /tmp/runtime-packages.txt" in copies, copies
+
+
+def test_binaries_come_from_the_build_stage_or_prebuilt_ones():
+    """The `binaries` stage is FROM ${BATON_BINARIES}: cuda-devel by default (built from source,
+    stripped into /out with the runtime-packages.txt of deploy/docker/runtime-packages.sh), or
+    prebuilt (FROM scratch: the build context's files, as scripts/build-image.sh --prebuilt stages
+    them)."""
+    named = {s.name: s for s in stages() if s.name}
+    assert named["binaries"].base == "${BATON_BINARIES}", named["binaries"].base
+    assert global_args().get("BATON_BINARIES") == "cuda-devel"
+    devel = run_text(named["cuda-devel"])
+    assert "cp build/baton build/batonctl /out/" in devel and "strip /out/baton /out/batonctl" in devel, devel
+    assert "deploy/docker/runtime-packages.sh /out/baton /out/batonctl > /out/runtime-packages.txt" in devel
+    assert named["prebuilt"].base == "scratch"
+    assert named["prebuilt"].all("COPY") == ["baton batonctl runtime-packages.txt /out/"]
+    script = (REPO / "scripts" / "build-image.sh").read_text()
+    assert "BATON_BINARIES=prebuilt" in script and "runtime-packages.sh" in script
 
 
 def test_non_root_user_and_baton_entrypoint():
@@ -137,7 +154,8 @@ def test_base_image_is_pinned_by_digest_and_the_build_requires_it():
     defaults = global_args()
     known_stages, external = set(), []
     for stage in stages()[1:]:
-        if stage.base not in known_stages:
+        chosen = expand(stage.base, {k: v for k, v in defaults.items() if v is not None})
+        if stage.base != "scratch" and chosen not in known_stages:  # scratch: no image at all
             external.append(stage)
         known_stages.add(stage.name)
     assert external, "no FROM an image"

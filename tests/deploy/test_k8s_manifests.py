@@ -245,14 +245,18 @@ def test_ports_and_probes_match_what_baton_listens_on(rendered):
             assert port_of(image_env["BATON_LISTEN"])[1] == grpc_port
             assert port_of(image_env["BATON_METRICS_LISTEN"])[1] == metrics_port
             assert port_of(image_env["BATON_HEALTH_LISTEN"])[1] == health_port
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            # Native gRPC probes on grpc.health.v1, on the plaintext health port (the kubelet speaks
+            # no TLS; the gRPC port requires it). Readiness asks the server-wide status (""), which
+            # a frontend without workers or a draining role turns NOT_SERVING; startup and liveness
+            # ask "liveness", which only a stalled engine does: a liveness probe on "" would
+            # restart a frontend because its workers are down (tests/integration/test_health.py).
+            want_service = {"startupProbe": "liveness", "readinessProbe": "", "livenessProbe": "liveness"}
+            for probe, service in want_service.items():
                 p = c.get(probe)
                 assert p, f"{where}: no {probe}"
-                # Native gRPC probe on grpc.health.v1: the server-wide status (service ""), on the
-                # plaintext health port (the kubelet speaks no TLS; the gRPC port requires it).
                 assert set(p) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, f"{where}: {probe} {p}"
                 assert p["grpc"]["port"] == health_port, f"{where}: {probe} probes port {p['grpc']['port']}"
-                assert p["grpc"].get("service", "") == "", f"{where}: baton reports only the server-wide status"
+                assert p["grpc"].get("service", "") == service, f"{where}: {probe} asks {p['grpc'].get('service')!r}"
         assert all_ports == image_ports(), f"{name}: the pods listen on {all_ports}, the image EXPOSEs {image_ports()}"
 
 

@@ -18,6 +18,14 @@ def baton_bin():
 
 
 @pytest.fixture(scope="session")
+def batonctl(baton_bin):
+    path = baton_bin.parent / "batonctl"
+    if not path.exists():
+        pytest.skip(f"batonctl not built at {path} (ninja -C build batonctl)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def pb(tmp_path_factory):
     """The generated Python modules for baton/v1 (generate_pb2, generate_pb2_grpc, ...)."""
     return compile_protos(tmp_path_factory.mktemp("pb"))

@@ -20,14 +20,6 @@ from concurrent import futures
 import pytest
 
 @pytest.fixture(scope="module")
-def batonctl(baton_bin):
-    path = baton_bin.parent / "batonctl"
-    if not path.exists():
-        pytest.skip(f"batonctl not built at {path} (ninja -C build batonctl)")
-    return path
-
-
-@pytest.fixture(scope="module")
 def vocab(pb, shared_server):
     """The test model's vocabulary size, as ListModels reports it."""
     import grpc

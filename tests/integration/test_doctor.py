@@ -37,14 +37,6 @@ SMALL = ("--kv-bytes", "1MiB", "--rounds", "2")  # quick probes where the number
 
 
 @pytest.fixture(scope="module")
-def batonctl(baton_bin):
-    path = baton_bin.parent / "batonctl"
-    if not path.exists():
-        pytest.skip(f"batonctl not built at {path} (ninja -C build batonctl)")
-    return path
-
-
-@pytest.fixture(scope="module")
 def other_model(baton_bin, tmp_path_factory):
     """The test model's shape with other weights: another fingerprint."""
     return make_test_model(baton_bin, tmp_path_factory.mktemp("other") / "other.gguf", seed=8, layers=2, dim=64,

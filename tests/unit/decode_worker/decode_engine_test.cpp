@@ -562,6 +562,7 @@ class NanLogitsBackend final : public Backend {
   DType compute_dtype() const override { return inner_->compute_dtype(); }
   DType activation_dtype() const override { return inner_->activation_dtype(); }
   bool supports_kv_dtype(DType dtype) const override { return inner_->supports_kv_dtype(dtype); }
+  bool host_memory() const override { return inner_->host_memory(); }
   Buffer alloc(size_t bytes) override { return inner_->alloc(bytes); }
   void upload(void* dst, const void* src, size_t bytes) override { inner_->upload(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { inner_->download(dst, src, bytes); }

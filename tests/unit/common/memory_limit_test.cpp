@@ -1,0 +1,78 @@
+#include "common/memory_limit.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <vector>
+
+using namespace baton;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh cgroup root with the given files (path relative to the root → contents).
+fs::path fake_cgroup(const std::vector<std::pair<std::string, std::string>>& files) {
+  static int n = 0;
+  const fs::path root =
+      fs::temp_directory_path() / ("baton-cgroup-" + std::to_string(getpid()) + "-" + std::to_string(n++));
+  fs::remove_all(root);
+  for (const auto& [path, contents] : files) {
+    fs::create_directories((root / path).parent_path());
+    std::ofstream(root / path) << contents;
+  }
+  return root;
+}
+
+}  // namespace
+
+TEST_CASE("memory limit: cgroup v2's memory.max, else v1's limit_in_bytes; none when unlimited", "[common]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t limit = std::uniform_int_distribution<int64_t>(1 << 20, int64_t{1} << 40)(rng);
+  const std::string text = std::to_string(limit);
+  CHECK(cgroup_memory_limit(fake_cgroup({{"memory.max", text + "\n"}}).string()) == limit);
+  CHECK(cgroup_memory_limit(fake_cgroup({{"memory/memory.limit_in_bytes", text + "\n"}}).string()) == limit);
+  // v2 wins where both are there (a hybrid hierarchy's unified mount may carry it).
+  CHECK(cgroup_memory_limit(fake_cgroup({{"memory.max", text}, {"memory/memory.limit_in_bytes", "4096"}}).string()) ==
+        limit);
+  // Unlimited, in each version's words; a v2 "max" falls through to v1.
+  CHECK_FALSE(cgroup_memory_limit(fake_cgroup({{"memory.max", "max\n"}}).string()).has_value());
+  CHECK_FALSE(cgroup_memory_limit(fake_cgroup({{"memory/memory.limit_in_bytes", "9223372036854771712\n"}}).string())
+                  .has_value());
+  CHECK(cgroup_memory_limit(fake_cgroup({{"memory.max", "max"}, {"memory/memory.limit_in_bytes", text}}).string()) ==
+        limit);
+  // Nothing readable, or nonsense: no limit known.
+  CHECK_FALSE(cgroup_memory_limit(fake_cgroup({}).string()).has_value());
+  CHECK_FALSE(cgroup_memory_limit(fake_cgroup({{"memory.max", "12abc"}}).string()).has_value());
+  CHECK_FALSE(cgroup_memory_limit(fake_cgroup({{"memory.max", "-5"}}).string()).has_value());
+}
+
+TEST_CASE("memory limit: blocks within what the limit leaves, never negative", "[common]") {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int i = 0; i < 1000; ++i) {
+    const int64_t block = std::uniform_int_distribution<int64_t>(1, 1 << 22)(rng);
+    const int64_t limit = std::uniform_int_distribution<int64_t>(0, int64_t{1} << 36)(rng);
+    const int64_t resident = std::uniform_int_distribution<int64_t>(0, int64_t{1} << 34)(rng);
+    const int64_t reserve = std::uniform_int_distribution<int64_t>(0, int64_t{1} << 30)(rng);
+    const int64_t n = blocks_within(limit, resident, reserve, block);
+    const int64_t room = limit - resident - reserve;
+    if (room < block) {
+      CHECK(n == 0);
+    } else {
+      CHECK(n * block <= room);       // they fit
+      CHECK((n + 1) * block > room);  // and one more would not
+    }
+  }
+  CHECK(blocks_within(1 << 30, 0, 0, 0) == 0);
+}
+
+TEST_CASE("memory limit: this process's resident bytes grow with what it touches", "[common]") {
+  const int64_t before = resident_bytes();
+  REQUIRE(before > 0);
+  std::vector<char> touched(64 << 20, 1);  // 64 MiB, written
+  const int64_t after = resident_bytes();
+  CHECK(after - before >= (48 << 20));
+  CHECK(touched[touched.size() / 2] == 1);
+}
