@@ -117,6 +117,13 @@ with open(f"{state}/names", "w") as f:
         print("pod", d["metadata"]["name"] + "-pod-0", file=f)  # podman names a Deployment's pod so
     for c in claims:
         print("volume", c["metadata"]["name"], file=f)
+    # podman keeps a volume for each ConfigMap and Secret a pod mounts, named after it.
+    mounted = set()
+    for spec in [d["spec"]["template"]["spec"] for d in deployments] + [j["spec"] for j in jobs]:
+        for v in spec.get("volumes", []):
+            mounted.add(v["configMap"]["name"] if "configMap" in v else v.get("secret", {}).get("secretName"))
+    for name in sorted(n for n in mounted if n):
+        print("volume", name, file=f)
     print("secret", secret["metadata"]["name"], file=f)
 PY
 }
