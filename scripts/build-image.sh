@@ -143,7 +143,9 @@ if [[ -n "$prebuilt" ]]; then
   args+=(--build-arg BATON_BINARIES=prebuilt)
 else
   context="$top"
-  args+=(--ignorefile "$top/deploy/docker/Dockerfile.dockerignore")
+  # Named although it is the default: buildah 1.28 decides which stages are used before it applies
+  # an ARG's default to a FROM, and skipped cuda-devel as unused.
+  args+=(--build-arg BATON_BINARIES=cuda-devel --ignorefile "$top/deploy/docker/Dockerfile.dockerignore")
 fi
 echo "build-image: podman build $tag ($([[ -n "$prebuilt" ]] && echo "binaries from $prebuilt" || echo "built from source"), base ${base%@*})" >&2
 podman build "${args[@]}" "$context" >&2

@@ -5,14 +5,17 @@
 # commands the README shows under "Run it" and "Test it" — read from README.md, so the check and
 # the README cannot drift apart.
 #
-#   scripts/fresh-machine-check.sh [--run|--test|--both] [--keep] DIR
+#   scripts/fresh-machine-check.sh [--run|--test|--both|--image] [--keep] DIR
 #
 # --run: only the run command (~9 min on 2 cores); --test: only the test command (~45 min);
-# --both (default). DIR is made anew unless --keep reuses a root file system made before (faster,
-# but then it is no longer a fresh machine). Needs root, debootstrap (installed if missing) and
-# the network path to Debian's and PyPI's registries. Logs: DIR.log. Exit code: the command's.
-# Too slow for every CI run; run it after any change to scripts/, CMakeLists.txt or the README's
-# commands.
+# --both (default). --image: the README's "Run it locally with podman" commands (the image built
+# from source with the full Dockerfile, the manifests played by podman), then a chat request
+# through the OpenAI API and `deploy-local.sh down`; the host must not run a podman deployment of
+# baton meanwhile (the chroot's podman shares the host's network stack). DIR is made anew unless
+# --keep reuses a root file system made before (faster, but then it is no longer a fresh machine).
+# Needs root, debootstrap (installed if missing) and the network path to Debian's and PyPI's
+# registries. Logs: DIR.log. Exit code: the command's. Too slow for every CI run; run it after any
+# change to scripts/, CMakeLists.txt, deploy/ or the README's commands.
 set -euo pipefail
 
 mode=both keep=0 dir=""
@@ -21,6 +24,7 @@ for arg in "$@"; do
     --run) mode=run ;;
     --test) mode=test ;;
     --both) mode=both ;;
+    --image) mode=image ;;
     --keep) keep=1 ;;
     -*) echo "fresh-machine-check: unknown flag $arg" >&2; exit 2 ;;
     *) dir="$arg" ;;
@@ -43,7 +47,17 @@ readme_command() {
 }
 run_cmd="$(readme_command "## Run it")"
 test_cmd="$(readme_command "## Test it")"
-[[ -n "$run_cmd" && -n "$test_cmd" ]] || { echo "fresh-machine-check: README.md has no sh block under '## Run it' or '## Test it'" >&2; exit 1; }
+image_cmd="$(readme_command "### Run it locally with podman")"
+[[ -n "$run_cmd" && -n "$test_cmd" && -n "$image_cmd" ]] || {
+  echo "fresh-machine-check: README.md has no sh block under '## Run it', '## Test it' or '### Run it locally with podman'" >&2
+  exit 1
+}
+# After the image commands: a chat request through the OpenAI API on the default port `up`
+# printed, then `down`, which must leave nothing.
+image_cmd+="
+curl -sf http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+  -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}], \"max_tokens\": 32}' | tee /dev/stderr | grep -q '\"content\"'
+./scripts/deploy-local.sh down"
 
 if ((keep == 0)) || [[ ! -x "$root/bin/bash" ]]; then
   command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
@@ -90,9 +104,13 @@ in_chroot() {
     /bin/bash -euo pipefail -c "cd /src && $1"
 }
 status=0
-for which in run test; do
-  [[ $mode == both || $mode == "$which" ]] || continue
-  cmd="$run_cmd"; [[ $which == test ]] && cmd="$test_cmd"
+for which in run test image; do
+  [[ $mode == "$which" || ($mode == both && $which != image) ]] || continue
+  case "$which" in
+    run) cmd="$run_cmd" ;;
+    test) cmd="$test_cmd" ;;
+    image) cmd="$image_cmd" ;;
+  esac
   echo "fresh-machine-check: [$which] $cmd" >&2
   start=$(date +%s)
   if in_chroot "$cmd" 2>&1 | tee -a "$log"; then
