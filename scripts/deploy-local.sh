@@ -17,14 +17,15 @@
 #
 # --image: the image the pods run (default localhost/baton:VERSION-cpu, scripts/build-image.sh's).
 # --overlay: a kustomization to play instead of deploy/podman (e.g. one that adds to it: tests/deploy
-# makes one with a shorter stall timeout). Needs root (rootful podman); install-deps.sh
-# --containers installs podman and its settings.
+# makes one with a shorter stall timeout). BATON_DEPLOY_KEEP=1: a failed `up` leaves what it made
+# for a look (`down` removes it). Needs root (rootful podman); install-deps.sh --containers
+# installs podman and its settings.
 set -euo pipefail
 top="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/env.sh
 source "$top/scripts/env.sh"
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 (($#)) || usage
 action="$1"; shift
 [[ "$action" == up || "$action" == down ]] || usage
@@ -55,9 +56,10 @@ state="$BATON_CACHE/deploy-local"
 start=$(date +%s)
 log() { echo "deploy-local: $*" >&2; }
 
-# The overlay, rendered and split into what podman plays, in order: the Secret and the volume,
-# the model Job as a pod, the Deployments (each file with the ConfigMaps its pods read).
-# Prints the names of what it made, for `down`: "pod NAME", "volume NAME", "secret NAME".
+# The overlay, rendered and split into what podman plays, in order: storage.yaml (the volume
+# claims), jobs.yaml (the model Job as a pod) and deployments.yaml (each with the ConfigMaps its
+# pods read). $state/names lists what `up` makes, for `down`: "job NAME CONTAINER", "pod NAME",
+# "volume NAME", "secret NAME".
 render() {  # render MIRROR_DIR SECRET_YAML_FILE
   "$kubectl" kustomize "$overlay" >"$state/rendered.yaml"
   /usr/bin/python3 - "$state" "$1" "$2" "$image" "$http_port" "$grpc_port" <<'PY'
@@ -202,6 +204,12 @@ remove_all() {  # everything named in $state/names, the network, and pods podman
   rm -rf "$state"
 }
 
+# podman kube play, its output kept in $state/podman.log: on this machine kind it writes errors
+# that are none (no syslog, no systemd for health-check timers) on every call.
+play() {
+  podman kube play "$@" >>"$state/podman.log" 2>&1 || { tail -20 "$state/podman.log" >&2; return 1; }
+}
+
 dump_failure() {  # the pods' state and their last log lines
   podman ps -a --format '{{.Names}} {{.Status}}' >&2 || true
   while read -r c; do
@@ -242,23 +250,23 @@ podman network exists "$network" || podman network create "$network" >/dev/null
 if secret_by_hand; then
   podman secret create baton-internal-tls "$state/secret.yaml" >/dev/null
 else
-  podman kube play "$state/secret.yaml" >/dev/null
+  play "$state/secret.yaml"
 fi
-podman kube play "$state/storage.yaml" >/dev/null
+play "$state/storage.yaml"
 
 # The model Job's pod: fills the volume (fetch-model.sh), then goes.
 while read -r kind name container; do
   [[ "$kind" == job ]] || continue
   log "filling the model volume: Job $name as a pod"
-  podman kube play --network "$network" "$state/jobs.yaml" >/dev/null
-  code="$(podman wait "$name-$container")"
-  podman logs "$name-$container" 2>&1 | sed 's/^/  /' >&2
+  play --network "$network" "$state/jobs.yaml"
+  code="$(podman wait "$name-$container" 2>>"$state/podman.log")"
+  podman logs "$name-$container" 2>&1 | grep -v '^failed to connect to syslog' | sed 's/^/  /' >&2
   ((code == 0)) || { log "Job $name failed (exit $code)"; exit 1; }
   podman pod rm --force "$name" >/dev/null
 done <"$state/names"
 
 log "starting the pods ($image)"
-podman kube play --network "$network" "$state/deployments.yaml" >/dev/null
+play --network "$network" "$state/deployments.yaml"
 
 # Served: the frontend's /health is 200 once it has a healthy prefill and decode worker.
 deadline=$(($(date +%s) + timeout))

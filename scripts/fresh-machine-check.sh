@@ -92,8 +92,11 @@ done
 rm -rf "$root/src" && mkdir -p "$root/src"
 (cd "$top" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/src"
 
-cleanup() { for m in dev/pts dev sys proc; do umount -l "$root/$m" 2>/dev/null || true; done; }
+cleanup() { for m in dev/pts dev sys proc ""; do umount -l "$root/$m" 2>/dev/null || true; done; }
 trap cleanup EXIT
+# The root a mount point of its own, as a machine's / is: podman's storage remounts / in its own
+# mount namespace to unpack image layers, which fails on a plain folder.
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
