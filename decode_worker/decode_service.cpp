@@ -96,6 +96,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
       std::lock_guard lk(outbox_->mu);
       outbox_->final = to_grpc(st);
     }
+    attached_ = st.ok();
     pump(*outbox_);
   }
 
@@ -111,10 +112,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
     pump(*outbox_);
   }
 
+  // Only a request this call attached to: a Stream refused (another peer's request, or one that
+  // has a stream already) must not cancel it when it is cancelled or its deadline passes.
   void OnCancel() override {
     const bool expired = context_->deadline() <= std::chrono::system_clock::now();
-    engine_.cancel(request_id_, expired ? deadline_exceeded("the Stream call's deadline passed")
-                                        : cancelled("the Stream call was cancelled"));
+    if (attached_) {
+      engine_.cancel(request_id_, expired ? deadline_exceeded("the Stream call's deadline passed")
+                                          : cancelled("the Stream call was cancelled"));
+    }
     {
       std::lock_guard lk(outbox_->mu);
       outbox_->queue.clear();
@@ -191,6 +196,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
   grpc::CallbackServerContext* context_;
   const std::string request_id_;
   std::shared_ptr<Outbox> outbox_;
+  bool attached_ = false;  // the engine took this call's sink: the request is this call's to cancel
 };
 
 }  // namespace

@@ -203,3 +203,36 @@ TEST_CASE("cancelling the Stream call or its deadline frees the request", "[deco
     CHECK(srv.transfer(prefill(*fx.ref.model, "d", prompt, {}, 8)).code() == StatusCode::kFailedPrecondition);
   }
 }
+
+TEST_CASE("a refused Stream call, cancelled or expired, leaves the request it named alone", "[decode][grpc]") {
+  Fixture fx;
+  Server srv(fx);
+  const auto prompt = random_prompt(16, fx.vocab());
+  const int max_tokens = 40;
+  REQUIRE(srv.admit("v", 16, max_tokens, {}, fx.fingerprint(), nullptr, /*ignore_eos=*/true).ok());
+  grpc::ClientContext owner_ctx;
+  v1::StreamRequest sr;
+  sr.set_request_id("v");
+  auto owner = srv.stub->Stream(&owner_ctx, sr);  // attached, waiting for its KV
+  std::this_thread::sleep_for(100ms);
+
+  // More calls for the same request are refused (it has its stream). Each is then cancelled at
+  // once, racing the refusal (the server sees many of those cancels), or left to its deadline.
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext ctx;
+    const bool by_deadline = i % 10 == 9;
+    if (by_deadline) ctx.set_deadline(std::chrono::system_clock::now() + 20ms);
+    auto intruder = srv.stub->Stream(&ctx, sr);
+    if (!by_deadline) ctx.TryCancel();
+    const StreamResult r = read_all(*intruder);
+    CHECK(r.tokens.empty());
+    CHECK(r.status.error_code() != grpc::StatusCode::OK);
+  }
+  // The request is still the owner's: its KV is taken and every token after the first (which
+  // the prefill worker sampled) comes.
+  REQUIRE(srv.transfer(prefill(*fx.ref.model, "v", prompt, {}, max_tokens)).ok());
+  const StreamResult r = read_all(*owner);
+  CHECK(r.status.ok());
+  CHECK(r.tokens.size() == static_cast<size_t>(max_tokens - 1));
+  check_all_free(*fx.engine);
+}
