@@ -64,6 +64,13 @@ void GgufWriter::add_i32_array(const std::string& k, const std::vector<int32_t>&
   for (int32_t v : values) put(meta_, v);
 }
 
+void GgufWriter::add_f32_array(const std::string& k, const std::vector<float>& values) {
+  key(k, GgufType::kArray);
+  put<uint32_t>(meta_, static_cast<uint32_t>(GgufType::kF32));
+  put<uint64_t>(meta_, values.size());
+  for (float v : values) put(meta_, v);
+}
+
 void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<uint64_t>& dims, std::vector<float> data) {
   uint64_t n = 1;
   for (uint64_t d : dims) n *= d;

@@ -20,6 +20,7 @@ class GgufWriter {
   void add_bool(const std::string& key, bool value);
   void add_string_array(const std::string& key, const std::vector<std::string>& values);
   void add_i32_array(const std::string& key, const std::vector<int32_t>& values);
+  void add_f32_array(const std::string& key, const std::vector<float>& values);
   // A tensor of `dims` (ggml order: dims[0] fastest) holding `data` (product of dims floats).
   void add_tensor_f32(const std::string& name, const std::vector<uint64_t>& dims, std::vector<float> data);
   // A tensor of `dims` stored as `bytes` of ggml `type` (e.g. K-quant blocks): exactly the bytes

@@ -5,11 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
-#include "model/gguf.h"
 #include "model/utf8.h"
 
 namespace baton {
@@ -51,6 +47,54 @@ std::string unspell(std::string_view token) {
   return out;
 }
 
+// SentencePiece's spelling of a space, U+2581 LOWER ONE EIGHTH BLOCK.
+constexpr std::string_view kSpaceMark = "\xE2\x96\x81";
+
+// The byte a SentencePiece byte token stands for ("<0x0A>" -> 0x0A, as HF's ByteFallback reads it:
+// either case of hex digit), or -1.
+int byte_token_value(std::string_view text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text.back() != '>') return -1;
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
+  const int hi = hex(text[3]), lo = hex(text[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+// `text` with every occurrence of `from` replaced by `to`.
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
+  for (size_t pos = 0;;) {
+    const size_t hit = text.find(from, pos);
+    out.append(text.substr(pos, hit == std::string_view::npos ? std::string_view::npos : hit - pos));
+    if (hit == std::string_view::npos) return out;
+    out.append(to);
+    pos = hit + from.size();
+  }
+}
+
+// The bytes a SentencePiece token text stands for: its byte for <0xXX>, else its text with "▁"
+// as a space.
+std::string unspell_sentencepiece(std::string_view token) {
+  const int byte = byte_token_value(token);
+  return byte >= 0 ? std::string(1, static_cast<char>(byte)) : replace_all(token, kSpaceMark, " ");
+}
+
+// `bytes` as UTF-8 text, each invalid sequence (its maximal subpart) and a cut-off last character
+// as one U+FFFD: Rust's String::from_utf8_lossy, which HF's ByteLevel decoder uses.
+std::string lossy_utf8(std::string_view bytes) {
+  std::string out;
+  for (size_t pos = 0; pos < bytes.size();) {
+    const Utf8Step step = utf8_step(bytes, pos);
+    out += step.kind == Utf8Step::kValid ? bytes.substr(pos, step.len) : kReplacement;
+    pos += step.len;
+  }
+  return out;
+}
+
 // GPT-2's pattern, as HF's ByteLevel pre-tokenizer (use_regex) has it.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kLlama3Pattern =
@@ -84,14 +128,6 @@ std::string spell_out_whitespace(std::string_view pattern) {
     out += c;
   }
   return out;
-}
-
-// "left right" -> the pair. Byte-level texts hold no space (it is spelled "Ġ"), so the first space
-// after the first character separates them, as in llama.cpp (a raw-text left token may be " ").
-Result<std::pair<std::string, std::string>> split_merge(const std::string& merge) {
-  const size_t space = merge.find(' ', 1);
-  if (space == std::string::npos) return invalid_argument("merge '" + merge + "' is not a pair of tokens");
-  return std::pair{merge.substr(0, space), merge.substr(space + 1)};
 }
 
 struct PreTokenizerSpec {
@@ -186,42 +222,77 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_vocab(TokenizerVocab vocab) {
     return invalid_argument("tokenizer has " + std::to_string(vocab.types.size()) + " token types for " +
                             std::to_string(n) + " tokens");
   }
+  const bool sentencepiece = vocab.family == TokenizerFamily::kSentencePiece;
   const auto* spec = std::ranges::find_if(kPreTokenizers, [&](const auto& p) { return vocab.pre == p.name; });
-  if (spec == std::end(kPreTokenizers)) {
+  if (!sentencepiece && spec == std::end(kPreTokenizers)) {
     return unimplemented("pre-tokenizer '" + vocab.pre +
                          "' is not supported (known: default, gpt-2, smollm, llama3, llama-bpe, llama-v3, qwen2)");
   }
-  for (int32_t id : {vocab.bos_id, vocab.eos_id}) {
+  for (int32_t id : {vocab.bos_id, vocab.eos_id, vocab.unk_id}) {
     if (id < -1 || id >= static_cast<int64_t>(n)) {
-      return invalid_argument("bos/eos token id " + std::to_string(id) + " is outside the vocabulary of " +
+      return invalid_argument("bos/eos/unk token id " + std::to_string(id) + " is outside the vocabulary of " +
                               std::to_string(n) + " tokens");
     }
   }
+  if (!vocab.scores.empty() && vocab.scores.size() != n) {
+    return invalid_argument("tokenizer has " + std::to_string(vocab.scores.size()) + " scores for " +
+                            std::to_string(n) + " tokens");
+  }
   auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
-  BATON_ASSIGN_OR_RETURN(tok->pre_, PreTokenizerRegex::create(*spec));
+  tok->family_ = vocab.family;
+  if (!sentencepiece) {
+    BATON_ASSIGN_OR_RETURN(tok->pre_, PreTokenizerRegex::create(*spec));
+  }
   tok->types_ = vocab.types.empty() ? std::vector<TokenType>(n, TokenType::kNormal) : std::move(vocab.types);
   tok->bytes_.reserve(n);
   tok->ids_.reserve(n);
+  tok->byte_of_token_.assign(n, -1);
+  tok->fallback_ids_.fill(-1);
   for (size_t id = 0; id < n; ++id) {
-    tok->bytes_.push_back(unspell(vocab.tokens[id]));
-    tok->ids_[tok->bytes_.back()] = static_cast<int32_t>(id);
+    const auto i = static_cast<int32_t>(id);
+    if (sentencepiece) {
+      tok->bytes_.push_back(unspell_sentencepiece(vocab.tokens[id]));
+      tok->spelled_ids_[vocab.tokens[id]] = i;
+      if (const int byte = byte_token_value(vocab.tokens[id]); byte >= 0) {
+        tok->byte_of_token_[id] = static_cast<int16_t>(byte);
+        if (tok->fallback_ids_[byte] < 0) tok->fallback_ids_[byte] = i;  // the first, as HF's vocabulary lookup
+        if (tok->types_[id] == TokenType::kNormal) tok->types_[id] = TokenType::kByte;
+      }
+    } else {
+      tok->bytes_.push_back(unspell(vocab.tokens[id]));
+    }
+    // Byte tokens stand for a byte other tokens may spell too ("a", <0x61>): the text's own token
+    // is the one a byte string names.
+    if (tok->byte_of_token_[id] < 0 || !tok->ids_.contains(tok->bytes_.back())) tok->ids_[tok->bytes_.back()] = i;
   }
   for (int b = 0; b < 256; ++b) {
     const auto it = tok->ids_.find(std::string(1, static_cast<char>(b)));
     tok->byte_ids_[b] = it == tok->ids_.end() ? -1 : it->second;
   }
+  // Merge rules name tokens by their spelling: byte-level texts map to their bytes, SentencePiece
+  // texts are looked up as spelled.
+  const auto id_of = [&](const std::string& text) -> std::optional<int32_t> {
+    if (sentencepiece) {
+      const auto it = tok->spelled_ids_.find(text);
+      return it == tok->spelled_ids_.end() ? std::nullopt : std::optional(it->second);
+    }
+    return tok->find_token(unspell(text));
+  };
   tok->merges_.reserve(vocab.merges.size());
   for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
     const auto& [left_text, right_text] = vocab.merges[rank];
-    std::string left = unspell(left_text), right = unspell(right_text);
-    const auto l = tok->ids_.find(left), r = tok->ids_.find(right), m = tok->ids_.find(left + right);
-    if (l == tok->ids_.end() || r == tok->ids_.end() || m == tok->ids_.end()) {
+    const auto l = id_of(left_text), r = id_of(right_text);
+    const auto m =
+        sentencepiece ? id_of(left_text + right_text) : tok->find_token(unspell(left_text) + unspell(right_text));
+    if (!l || !r || !m) {
       return invalid_argument("merge #" + std::to_string(rank) + " '" + left_text + " " + right_text +
                               "' names a token that is not in the vocabulary");
     }
     // A repeated pair keeps its last rank, as HF's merge map (built by successive inserts) does.
-    tok->merges_[static_cast<uint64_t>(l->second) << 32 | static_cast<uint32_t>(r->second)] =
-        Merge{static_cast<int32_t>(rank), m->second};
+    tok->merges_[static_cast<uint64_t>(*l) << 32 | static_cast<uint32_t>(*r)] = Merge{static_cast<int32_t>(rank), *m};
+  }
+  if (sentencepiece && vocab.merges.empty() && !vocab.scores.empty()) {
+    BATON_RETURN_IF_ERROR(tok->add_merges_from_scores(vocab.scores));
   }
   for (size_t id = 0; id < n; ++id) {
     const std::string& text = tok->bytes_[id];
@@ -244,175 +315,39 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_vocab(TokenizerVocab vocab) {
   }
   std::tie(tok->bos_id_, tok->eos_id_, tok->add_bos_) = std::tuple(vocab.bos_id, vocab.eos_id, vocab.add_bos);
   tok->ignore_merges_ = vocab.ignore_merges;
+  tok->space_prefix_ = vocab.space_prefix;
+  tok->prefix_before_space_ = vocab.prefix_before_space;
+  tok->split_words_ = vocab.split_words;
+  tok->byte_fallback_ = vocab.byte_fallback;
+  tok->unk_id_ = vocab.unk_id;
+  tok->fuse_unk_ = vocab.fuse_unk;
+  tok->decode_strip_ = vocab.decode_strip;
   return tok;
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& file) {
-  if (file.find("tokenizer.ggml.model") == nullptr) return not_found("the GGUF file has no tokenizer.ggml.model");
-  BATON_ASSIGN_OR_RETURN(const std::string model_name, file.get_string("tokenizer.ggml.model"));
-  if (model_name != "gpt2") {
-    return unimplemented("tokenizer model '" + model_name +
-                         "' is not supported: baton implements byte-level BPE (tokenizer.ggml.model \"gpt2\")");
-  }
-  TokenizerVocab vocab;
-  BATON_ASSIGN_OR_RETURN(vocab.tokens, file.get_string_array("tokenizer.ggml.tokens"));
-  if (file.find("tokenizer.ggml.token_type") != nullptr) {
-    const std::vector<int64_t>* types = file.int_array("tokenizer.ggml.token_type");
-    if (types == nullptr) return invalid_argument("tokenizer.ggml.token_type is not an integer array");
-    for (int64_t t : *types) vocab.types.push_back(t >= 1 && t <= 6 ? static_cast<TokenType>(t) : TokenType::kNormal);
-  }
-  BATON_ASSIGN_OR_RETURN(const std::vector<std::string> merges, file.get_string_array("tokenizer.ggml.merges"));
-  vocab.merges.reserve(merges.size());
-  for (const std::string& merge : merges) {
-    BATON_ASSIGN_OR_RETURN(auto pair, split_merge(merge));
-    vocab.merges.push_back(std::move(pair));
-  }
-  vocab.pre = "default";
-  if (file.find("tokenizer.ggml.pre") != nullptr) {
-    BATON_ASSIGN_OR_RETURN(vocab.pre, file.get_string("tokenizer.ggml.pre"));
-  }
-  const bool llama3 = vocab.pre == "llama3" || vocab.pre == "llama-bpe" || vocab.pre == "llama-v3";
-  vocab.ignore_merges = llama3;  // Llama 3's tokenizer.json sets ignore_merges
-  for (auto [key, id] : {std::pair{"tokenizer.ggml.bos_token_id", &vocab.bos_id},
-                         std::pair{"tokenizer.ggml.eos_token_id", &vocab.eos_id}}) {
-    if (file.find(key) == nullptr) continue;
-    BATON_ASSIGN_OR_RETURN(const int64_t value, file.get_int(key));
-    // Range-checked by from_vocab; clamping keeps a huge value from wrapping into range.
-    *id = static_cast<int32_t>(std::clamp<int64_t>(value, -2, INT32_MAX));
-  }
-  // llama.cpp's default when the key is absent: Llama 3 prompts start with <|begin_of_text|>.
-  vocab.add_bos = llama3;
-  if (file.find("tokenizer.ggml.add_bos_token") != nullptr) {
-    BATON_ASSIGN_OR_RETURN(vocab.add_bos, file.get_bool("tokenizer.ggml.add_bos_token"));
-  }
-  return from_vocab(std::move(vocab));
-}
-
-namespace {
-using Json = nlohmann::json;
-
-std::string json_type(const Json& j) {
-  return j.is_object() ? j.value("type", "") : "";
-}
-
-// The `tokenizer.ggml.pre` name of a tokenizer.json pre-tokenizer baton implements.
-Result<std::string> pre_tokenizer_name(const Json& pre) {
-  const auto byte_level = [](const Json& j, bool use_regex) {
-    return json_type(j) == "ByteLevel" && !j.value("add_prefix_space", false) &&
-           j.value("use_regex", true) == use_regex;
-  };
-  if (byte_level(pre, true)) return std::string("gpt-2");
-  if (json_type(pre) == "Sequence" && pre.at("pretokenizers").size() == 2) {
-    const Json &first = pre.at("pretokenizers")[0], &second = pre.at("pretokenizers")[1];
-    if (json_type(first) == "Digits" && first.value("individual_digits", false) && byte_level(second, true)) {
-      return std::string("smollm");
-    }
-    if (json_type(first) == "Split" && first.value("behavior", "") == "Isolated" && !first.value("invert", false) &&
-        byte_level(second, false) && first.at("pattern").is_object()) {
-      const std::string regex = first.at("pattern").value("Regex", "");
-      if (regex == kLlama3Pattern) return std::string("llama3");
-      if (regex == kQwen2Pattern) return std::string("qwen2");
+// SentencePiece's BPE as merge rules: for every normal token, each way its text splits into two
+// normal tokens is a merge into it. Ranked by the token's score, highest first (ties: lower id
+// first), so the lowest rank among adjacent pairs is SentencePiece's best-scoring pair.
+Status Tokenizer::add_merges_from_scores(const std::vector<float>& scores) {
+  const auto n = static_cast<int32_t>(bytes_.size());
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  std::vector<std::string> spelled(n);
+  for (const auto& [text, id] : spelled_ids_) spelled[id] = text;
+  const auto normal = [&](int32_t id) { return types_[id] == TokenType::kNormal; };
+  for (int32_t rank = 0; rank < n; ++rank) {
+    const int32_t id = order[rank];
+    const std::string& text = spelled[id];
+    if (!normal(id) || text.empty()) continue;
+    for (size_t cut = utf8_step(text, 0).len; cut < text.size(); cut += utf8_step(text, cut).len) {
+      const auto l = spelled_ids_.find(std::string_view(text).substr(0, cut));
+      const auto r = spelled_ids_.find(std::string_view(text).substr(cut));
+      if (l == spelled_ids_.end() || r == spelled_ids_.end() || !normal(l->second) || !normal(r->second)) continue;
+      merges_.try_emplace(static_cast<uint64_t>(l->second) << 32 | static_cast<uint32_t>(r->second), Merge{rank, id});
     }
   }
-  return unimplemented("tokenizer.json pre-tokenizer is not supported: " + pre.dump().substr(0, 300));
-}
-
-// The token text of a tokenizer_config.json entry ("<s>" or {"content": "<s>", ...}).
-std::string config_token(const Json& config, const char* key) {
-  const Json v = config.value(key, Json());
-  return v.is_string() ? v.get<std::string>() : v.is_object() ? v.value("content", "") : "";
-}
-
-// The first special token HF's post-processor puts before a single sequence (Llama 3's
-// <|begin_of_text|>), or "" when it adds none.
-std::string post_processor_prefix(const Json& post) {
-  if (json_type(post) == "Sequence") {
-    for (const Json& p : post.at("processors")) {
-      if (std::string prefix = post_processor_prefix(p); !prefix.empty()) return prefix;
-    }
-  }
-  if (json_type(post) == "TemplateProcessing" && !post.at("single").empty() &&
-      post.at("single")[0].contains("SpecialToken")) {
-    return post.at("single")[0].at("SpecialToken").at("id").get<std::string>();
-  }
-  return "";
-}
-
-Result<TokenizerVocab> vocab_from_hf_json(const Json& j, const Json& config) {
-  const Json& model = j.at("model");
-  if (json_type(model) != "BPE" || model.value("byte_fallback", false)) {
-    return unimplemented("tokenizer.json model is not a byte-level BPE (model.type " + json_type(model) + ")");
-  }
-  if (!j.at("normalizer").is_null()) {
-    return unimplemented("tokenizer.json normalizer " + json_type(j.at("normalizer")) + " is not supported");
-  }
-  TokenizerVocab vocab;
-  BATON_ASSIGN_OR_RETURN(vocab.pre, pre_tokenizer_name(j.at("pre_tokenizer")));
-  vocab.ignore_merges = model.value("ignore_merges", false);
-
-  constexpr int64_t kMaxVocab = 1 << 24;
-  const auto place = [&](int64_t id, std::string text, TokenType type) -> Status {
-    if (id < 0 || id >= kMaxVocab) return invalid_argument("token id " + std::to_string(id) + " is out of range");
-    if (static_cast<size_t>(id) >= vocab.tokens.size()) {
-      vocab.tokens.resize(id + 1);
-      vocab.types.resize(id + 1, TokenType::kUnused);  // ids no entry names stay unused
-    }
-    vocab.tokens[id] = std::move(text);
-    vocab.types[id] = type;
-    return Status::ok_status();
-  };
-  for (const auto& [text, id] : model.at("vocab").items()) {
-    BATON_RETURN_IF_ERROR(place(id.get<int64_t>(), text, TokenType::kNormal));
-  }
-  for (const Json& added : j.value("added_tokens", Json::array())) {
-    const TokenType type = added.value("special", false) ? TokenType::kControl : TokenType::kUserDefined;
-    BATON_RETURN_IF_ERROR(place(added.at("id").get<int64_t>(), added.at("content").get<std::string>(), type));
-  }
-  for (const Json& merge : model.at("merges")) {
-    if (merge.is_array() && merge.size() == 2) {  // newer files: ["a", "b"]
-      vocab.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
-      continue;
-    }
-    BATON_ASSIGN_OR_RETURN(auto pair, split_merge(merge.get<std::string>()));
-    vocab.merges.push_back(std::move(pair));
-  }
-  const auto id_of = [&](const std::string& text) {  // the last id, as in HF's vocabulary map
-    const auto it = std::find(vocab.tokens.rbegin(), vocab.tokens.rend(), text);
-    return text.empty() || it == vocab.tokens.rend() ? -1 : static_cast<int32_t>(vocab.tokens.rend() - it - 1);
-  };
-  const std::string prefix = post_processor_prefix(j.value("post_processor", Json()));
-  vocab.add_bos = !prefix.empty();
-  vocab.bos_id = id_of(config_token(config, "bos_token"));
-  if (vocab.bos_id < 0) vocab.bos_id = id_of(prefix);
-  vocab.eos_id = id_of(config_token(config, "eos_token"));
-  if (config.contains("add_bos_token") && config.at("add_bos_token").is_boolean()) {
-    vocab.add_bos = config.at("add_bos_token").get<bool>();
-  }
-  return vocab;
-}
-}  // namespace
-
-Result<std::unique_ptr<Tokenizer>> Tokenizer::from_hf_json(const std::string& path) {
-  const auto read_json = [](const std::string& file, Json& out) -> Status {
-    std::ifstream in(file);
-    if (!in) return not_found("cannot open " + file);
-    out = Json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (out.is_discarded()) return invalid_argument(file + " is not valid JSON");
-    return Status::ok_status();
-  };
-  Json j, config = Json::object();
-  BATON_RETURN_IF_ERROR(read_json(path, j));
-  const std::string config_path = std::filesystem::path(path).replace_filename("tokenizer_config.json");
-  if (std::ifstream(config_path)) BATON_RETURN_IF_ERROR(read_json(config_path, config));
-  Result<TokenizerVocab> vocab = [&]() -> Result<TokenizerVocab> {
-    try {
-      return vocab_from_hf_json(j, config);
-    } catch (const Json::exception& e) {  // a missing key or a value of the wrong type
-      return invalid_argument("not a tokenizer.json baton understands: " + std::string(e.what()));
-    }
-  }();
-  if (!vocab.ok()) return Status(vocab.status().code(), path + ": " + vocab.status().message());
-  return from_vocab(std::move(vocab).value());
+  return Status::ok_status();
 }
 
 // Per-encode() work arrays for the merge loop, reused across pieces.
@@ -434,19 +369,14 @@ const Tokenizer::Merge* Tokenizer::find_merge(int32_t left, int32_t right) const
   return it == merges_.end() ? nullptr : &it->second;
 }
 
-// BPE as HF's Word::merge_all: repeatedly apply the lowest-ranked merge among adjacent symbols
-// (leftmost on ties). A heap of candidate pairs, checked for staleness when popped, keeps a piece
-// of n bytes at O(n log n).
+// Byte-level: one piece of pre-tokenized text, BPE-merged over its bytes.
 void Tokenizer::encode_piece(std::string_view piece, BpeScratch& scratch, std::vector<int32_t>& ids) const {
   if (const auto whole = ignore_merges_ ? find_token(piece) : std::nullopt) {
     ids.push_back(*whole);
     return;
   }
   auto& symbols = scratch.symbols;
-  auto& heap = scratch.heap;
-  const auto greater = std::greater<BpeScratch::Candidate>();
   symbols.clear();
-  heap.clear();
   for (char c : piece) {
     // A byte the vocabulary lacks is dropped and its neighbours become adjacent, as in HF's BPE
     // without an unk token (SmolLM2 has no token for 0x04, for instance).
@@ -455,6 +385,53 @@ void Tokenizer::encode_piece(std::string_view piece, BpeScratch& scratch, std::v
       symbols.push_back({id, i - 1, i + 1, true});
     }
   }
+  merge_symbols(scratch, ids);
+}
+
+// SentencePiece: one word ("▁"-spelled), BPE-merged over its characters as HF's BPE model with
+// byte_fallback seeds them: a character's own token, else its bytes' <0xXX> tokens, else <unk>
+// (consecutive ones fused), else nothing.
+void Tokenizer::encode_word(std::string_view word, BpeScratch& scratch, std::vector<int32_t>& ids) const {
+  if (const auto whole = ignore_merges_ ? spelled_ids_.find(word) : spelled_ids_.end(); whole != spelled_ids_.end()) {
+    ids.push_back(whole->second);
+    return;
+  }
+  auto& symbols = scratch.symbols;
+  symbols.clear();
+  const auto add = [&](int32_t id) {
+    const auto i = static_cast<int32_t>(symbols.size());
+    symbols.push_back({id, i - 1, i + 1, true});
+  };
+  bool after_unk = false;
+  for (size_t pos = 0; pos < word.size();) {
+    const size_t len = utf8_step(word, pos).len;  // the text is valid UTF-8
+    const std::string_view ch = word.substr(pos, len);
+    pos += len;
+    if (const auto it = spelled_ids_.find(ch); it != spelled_ids_.end()) {
+      add(it->second);
+      after_unk = false;
+      continue;
+    }
+    const bool all_bytes = std::ranges::all_of(ch, [&](char c) { return fallback_ids_[static_cast<uint8_t>(c)] >= 0; });
+    if (byte_fallback_ && all_bytes) {
+      for (char c : ch) add(fallback_ids_[static_cast<uint8_t>(c)]);
+      after_unk = false;
+    } else if (unk_id_ >= 0 && !(fuse_unk_ && after_unk)) {
+      add(unk_id_);
+      after_unk = true;
+    }
+  }
+  merge_symbols(scratch, ids);
+}
+
+// BPE as HF's Word::merge_all: repeatedly apply the lowest-ranked merge among adjacent symbols
+// (leftmost on ties). A heap of candidate pairs, checked for staleness when popped, keeps a piece
+// of n symbols at O(n log n). Appends the merged symbols' ids.
+void Tokenizer::merge_symbols(BpeScratch& scratch, std::vector<int32_t>& ids) const {
+  auto& symbols = scratch.symbols;
+  auto& heap = scratch.heap;
+  const auto greater = std::greater<BpeScratch::Candidate>();
+  heap.clear();
   if (symbols.empty()) return;
   symbols.back().next = -1;
   const auto n = static_cast<int32_t>(symbols.size());
@@ -486,11 +463,33 @@ void Tokenizer::encode_piece(std::string_view piece, BpeScratch& scratch, std::v
   for (int32_t i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
 }
 
-Status Tokenizer::encode_text(std::string_view text, BpeScratch& scratch, std::vector<int32_t>& ids) const {
-  return pre_->split(text, [&](std::string_view piece) {
-    encode_piece(piece, scratch, ids);
+Status Tokenizer::encode_text(std::string_view text, bool at_start, BpeScratch& scratch,
+                              std::vector<int32_t>& ids) const {
+  if (family_ == TokenizerFamily::kByteLevel) {
+    return pre_->split(text, [&](std::string_view piece) {
+      encode_piece(piece, scratch, ids);
+      return Status::ok_status();
+    });
+  }
+  // SentencePiece, as HF's Prepend + Replace normalizers or its Metaspace pre-tokenizer: spaces
+  // spelled "▁", one more in front where SpacePrefix says (not of an empty stretch).
+  if (text.empty()) return Status::ok_status();
+  std::string spelled = replace_all(text, " ", kSpaceMark);
+  const bool wants = space_prefix_ == SpacePrefix::kAlways || (space_prefix_ == SpacePrefix::kFirst && at_start);
+  if (wants && (prefix_before_space_ || !text.starts_with(' '))) spelled.insert(0, kSpaceMark);
+  if (!split_words_) {
+    encode_word(spelled, scratch, ids);
     return Status::ok_status();
-  });
+  }
+  // Metaspace's split (MergedWithNext): a word begins at each "▁" and runs to the next one.
+  const std::string_view all = spelled;
+  for (size_t start = 0; start < all.size();) {
+    const size_t from = all.substr(start).starts_with(kSpaceMark) ? start + kSpaceMark.size() : start;
+    const size_t end = std::min(all.find(kSpaceMark, from), all.size());
+    encode_word(all.substr(start, end - start), scratch, ids);
+    start = end;
+  }
+  return Status::ok_status();
 }
 
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool parse_special) const {
@@ -513,13 +512,19 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool parse
       continue;
     }
     const int32_t hit = *hit_it;
-    BATON_RETURN_IF_ERROR(encode_text(text.substr(start, pos - start), scratch, ids));
+    BATON_RETURN_IF_ERROR(encode_text(text.substr(start, pos - start), start == 0, scratch, ids));
     ids.push_back(hit);
     pos += bytes_[hit].size();
     start = pos;
   }
-  BATON_RETURN_IF_ERROR(encode_text(text.substr(start), scratch, ids));
+  BATON_RETURN_IF_ERROR(encode_text(text.substr(start), start == 0, scratch, ids));
   return ids;
+}
+
+std::string_view pre_tokenizer_of_regex(std::string_view regex) {
+  if (regex == kLlama3Pattern) return "llama3";
+  if (regex == kQwen2Pattern) return "qwen2";
+  return "";
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
@@ -528,8 +533,39 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
-  std::string out;
-  for (int32_t id : ids) out += token_bytes(id);
+  if (family_ == TokenizerFamily::kByteLevel) {
+    std::string bytes;
+    for (int32_t id : ids) bytes += token_bytes(id);
+    return lossy_utf8(bytes);
+  }
+  // HF's SentencePiece decoders: "▁" as a space per token (unspelled at load), a run of byte
+  // tokens as its text when that is valid UTF-8 and one U+FFFD per byte token otherwise (the
+  // ByteFallback decoder), the pieces joined, then the leading space stripped.
+  std::string out, run;
+  size_t run_tokens = 0;
+  const auto flush_run = [&] {
+    if (utf8_invalid_offset(run) == std::string_view::npos) {
+      out += run;
+    } else {
+      for (size_t i = 0; i < run_tokens; ++i) out += kReplacement;
+    }
+    run.clear();
+    run_tokens = 0;
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < n_vocab() && byte_of_token_[id] >= 0) {
+      run += static_cast<char>(byte_of_token_[id]);
+      ++run_tokens;
+      continue;
+    }
+    flush_run();
+    std::string_view text = token_bytes(id);
+    if (i == 0 && decode_strip_ == DecodeStrip::kFirstToken && text.starts_with(' ')) text.remove_prefix(1);
+    out += text;
+  }
+  flush_run();
+  if (decode_strip_ == DecodeStrip::kText && out.starts_with(' ')) out.erase(0, 1);
   return out;
 }
 

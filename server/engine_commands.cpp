@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,7 +33,8 @@ int fail_model(const Status& s) {
   return kExitFailure;
 }
 
-Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+// "1,2,3" -> ids; INVALID_ARGUMENT naming `flag` for anything else.
+Result<std::vector<int32_t>> parse_ids(const std::string& text, const std::string& flag) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);
   std::string item;
@@ -42,7 +45,7 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
       if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
       ids.push_back(static_cast<int32_t>(v));
     } catch (const std::exception&) {
-      return invalid_argument("--prompt-ids: '" + item + "' is not a token id (expected e.g. 1,2,3)");
+      return invalid_argument(flag + ": '" + item + "' is not a token id (expected e.g. 1,2,3)");
     }
   }
   return ids;
@@ -91,7 +94,7 @@ int run_generate(const GenerateArgs& a) {
 
   std::vector<int32_t> prompt;
   if (!a.prompt_ids.empty()) {
-    auto ids = parse_ids(a.prompt_ids);
+    auto ids = parse_ids(a.prompt_ids, "--prompt-ids");
     if (!ids.ok()) return fail(ids.status());
     prompt = *ids;
   } else {
@@ -178,11 +181,33 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
-int run_tokenize(const std::string& model, const std::string& text, bool no_special) {
-  auto file = GgufFile::open(model);
-  if (!file.ok()) return fail_model(file.status());
-  auto tokenizer = Tokenizer::from_gguf(**file);
+// The tokenizer of a GGUF file, of a Hugging Face tokenizer.json, or of the tokenizer.json in a
+// model directory.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
+  if (std::filesystem::is_directory(path)) return Tokenizer::from_hf_json(path + "/tokenizer.json");
+  if (path.ends_with(".json")) return Tokenizer::from_hf_json(path);
+  BATON_ASSIGN_OR_RETURN(auto file, GgufFile::open(path));
+  return Tokenizer::from_gguf(*file);
+}
+
+// `decode`: the ids of --decode (TEXT is not given then).
+int run_tokenize(const std::string& model, const std::string& text, bool no_special,
+                 const std::optional<std::string>& decode) {
+  auto tokenizer = load_tokenizer(model);
   if (!tokenizer.ok()) return fail_model(tokenizer.status());
+  if (decode) {
+    auto ids = parse_ids(*decode, "--decode");
+    if (!ids.ok()) return fail(ids.status());
+    for (int32_t id : *ids) {
+      if (id >= (*tokenizer)->n_vocab()) {
+        return fail(invalid_argument("--decode: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                     std::to_string((*tokenizer)->n_vocab())));
+      }
+    }
+    const std::string out = (*tokenizer)->decode(*ids);
+    std::fwrite(out.data(), 1, out.size(), stdout);  // exactly the text: no newline added
+    return 0;
+  }
   auto ids = (*tokenizer)->encode(text, !no_special);
   if (!ids.ok()) return fail(ids.status());
   std::printf("%s\n", join_ids(*ids).c_str());
@@ -247,11 +272,19 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   auto tk_model = std::make_shared<std::string>();
   auto tk_text = std::make_shared<std::string>();
   auto tk_no_special = std::make_shared<bool>(false);
-  CLI::App* t = app.add_subcommand("tokenize", "Print the token ids of TEXT, comma-separated");
-  t->add_option("--model", *tk_model, "GGUF model file")->required();
-  t->add_option("text", *tk_text, "Text to tokenize")->required();
+  auto tk_decode = std::make_shared<std::string>();
+  CLI::App* t = app.add_subcommand("tokenize", "Print the token ids of TEXT, comma-separated (or --decode ids)");
+  t->add_option("--model", *tk_model, "GGUF model file, Hugging Face tokenizer.json, or a model directory")->required();
+  auto* text = t->add_option("text", *tk_text, "Text to tokenize");
+  auto* dec = t->add_option("--decode", *tk_decode, "Print the text of these token ids (comma-separated) instead");
+  text->excludes(dec);
   t->add_flag("--no-special", *tk_no_special, "Treat special-token text as plain text");
-  t->callback([=] { *run = [=] { return run_tokenize(*tk_model, *tk_text, *tk_no_special); }; });
+  t->callback([=] {
+    if (t->count("text") + t->count("--decode") == 0)
+      throw CLI::ValidationError("tokenize", "give TEXT or --decode IDS");
+    const auto decode = t->count("--decode") ? std::optional<std::string>(*tk_decode) : std::nullopt;
+    *run = [=] { return run_tokenize(*tk_model, *tk_text, *tk_no_special, decode); };
+  });
 
   CLI::App* tools = app.add_subcommand("tools", "Developer tools");
   tools->require_subcommand(1);

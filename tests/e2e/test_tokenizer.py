@@ -97,7 +97,8 @@ WHITESPACE = [" ", "  ", "\t", "\n", "\r\n", "\n\n", "\u00a0", "\u3000", "\u2028
 FRAGMENTS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "'s", "'LL", "123", "0.5", "  ", "😀"]
 
 
-def random_text(rng: random.Random) -> str:
+def random_text(rng: random.Random, fragments=FRAGMENTS) -> str:
+    """Printable ASCII, runs of a random script's characters, whitespace and `fragments`."""
     parts = []
     for _ in range(rng.randint(1, 24)):
         kind = rng.random()
@@ -109,7 +110,7 @@ def random_text(rng: random.Random) -> str:
         elif kind < 0.85:
             parts.append(rng.choice(WHITESPACE))
         else:
-            parts.append(rng.choice(FRAGMENTS))
+            parts.append(rng.choice(fragments))
     return "".join(parts).lstrip("-")
 
 
@@ -215,3 +216,17 @@ def test_invalid_utf8_is_rejected(model_path, raw, offset):
     assert len(err.splitlines()) == 1, err
     assert "UTF-8" in err
     assert f"offset {offset}" in err
+
+
+def test_random_ids_decode_as_hf(model_path, hf_tokenizer):
+    """decode() is HF's decode(ids, skip_special_tokens=False): token bytes joined, each invalid
+    UTF-8 sequence one U+FFFD. Random ids cut characters apart often."""
+    seed = int(os.environ.get("BATON_TOKENIZER_SEED", random.randrange(2**32)))
+    rng = random.Random(seed)
+    n = hf_tokenizer.get_vocab_size()
+    for _ in range(40):
+        ids = [rng.randrange(n) for _ in range(rng.randint(1, 10))]
+        proc = subprocess.run([BATON_BIN, "tokenize", "--model", model_path, "--decode", ",".join(map(str, ids))],
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.decode("utf-8") == hf_tokenizer.decode(ids, skip_special_tokens=False), f"seed {seed}: {ids}"

@@ -251,7 +251,7 @@ TEST_CASE("kv_write + attention through the backend: prefill chunks, mixed steps
   }
 }
 
-TEST_CASE("sample: greedy matches argmax; temperature/top-k/top-p match the CPU definition", "[gpu]") {
+TEST_CASE("sample: greedy matches argmax, temperature/top-k/top-p match the CPU definition", "[gpu]") {
   Backends b;
   const int64_t rows = 40, vocab = 50000;
   std::vector<float> logits = random_vector(rows * vocab, -8.0f, 8.0f);

@@ -155,7 +155,7 @@ TEST_CASE("doctor: a clock beyond the bound (after half the round trip) is flagg
   CHECK(problems_of(r).empty());
 }
 
-TEST_CASE("doctor: an unreachable worker is named with what to check; its links are skipped", "[client][doctor]") {
+TEST_CASE("doctor: an unreachable worker is named with what to check, its links are skipped", "[client][doctor]") {
   DoctorReport r = healthy();
   NodeReport& d = r.decode[0];
   d = NodeReport{};

@@ -28,7 +28,7 @@ fs::path fake_cgroup(const std::vector<std::pair<std::string, std::string>>& fil
 
 }  // namespace
 
-TEST_CASE("memory limit: cgroup v2's memory.max, else v1's limit_in_bytes; none when unlimited", "[common]") {
+TEST_CASE("memory limit: cgroup v2's memory.max, else v1's limit_in_bytes, none when unlimited", "[common]") {
   std::mt19937_64 rng(std::random_device{}());
   const int64_t limit = std::uniform_int_distribution<int64_t>(1 << 20, int64_t{1} << 40)(rng);
   const std::string text = std::to_string(limit);

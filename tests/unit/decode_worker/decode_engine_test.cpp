@@ -428,7 +428,7 @@ TEST_CASE("decode config is validated in one place", "[decode]") {
   CHECK(decode_kv_block_bytes(m, 16, DType::kBF16) == 2 * 30 * 16 * 3 * 64 * 2);
 }
 
-TEST_CASE("decode engine: a step loop with work that does not move is stalled; an idle one is not", "[decode]") {
+TEST_CASE("decode engine: a step loop with work that does not move is stalled, an idle one is not", "[decode]") {
   const auto now = DecodeClock::now();
   const auto limit = std::chrono::seconds(60);
   {

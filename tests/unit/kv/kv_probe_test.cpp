@@ -159,7 +159,7 @@ TEST_CASE("the probe sink refuses what the engine would, and bounds probes", "[k
   CHECK(sink.n_received() == 1);
 }
 
-TEST_CASE("probes over tcp reach the sink, never the engine; real KV still reaches the engine", "[kv][probe]") {
+TEST_CASE("probes over tcp reach the sink, never the engine, real KV still reaches the engine", "[kv][probe]") {
   std::mt19937_64 rng(std::random_device{}());
   const KvProbeShape shape = random_shape(rng);
   RecordingReceiver engine;

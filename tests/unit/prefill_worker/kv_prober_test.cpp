@@ -76,7 +76,7 @@ TEST_CASE("a probe sends probe-flagged KV of the worker's shape, chunked like re
   }
 }
 
-TEST_CASE("one probe at a time; a cancelled or stopped probe answers CANCELLED once", "[prefill][probe]") {
+TEST_CASE("one probe at a time, a cancelled or stopped probe answers CANCELLED once", "[prefill][probe]") {
   const KvProbeShape shape{"fp", "f32", 2, 2, 16};
   RecordingTransport transport;
   transport.close_gate();

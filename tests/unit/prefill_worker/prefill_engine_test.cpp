@@ -429,7 +429,7 @@ TEST_CASE("prefill engine: after a failover the seeded stream continues where it
   CHECK(transport.get("failover").header.token_ids == tokens);
 }
 
-TEST_CASE("prefill engine: a step loop with work that does not move is stalled; an idle one is not", "[prefill]") {
+TEST_CASE("prefill engine: a step loop with work that does not move is stalled, an idle one is not", "[prefill]") {
   Fixture fx;
   RecordingTransport transport;
   PrefillConfig config;

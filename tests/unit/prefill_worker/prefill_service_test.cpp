@@ -106,7 +106,7 @@ TEST_CASE("prefill service streams the first token, then KvSent", "[prefill][ser
   CHECK(sent.header.model_fingerprint == fx.model->fingerprint());
 }
 
-TEST_CASE("prefill service: a repeated prompt's first token counts its cached tokens; GetLoad names the blocks",
+TEST_CASE("prefill service: a repeated prompt's first token counts its cached tokens, GetLoad names the blocks",
           "[prefill][service][prefix]") {
   ServiceFixture fx;
   std::mt19937 rng(std::random_device{}());

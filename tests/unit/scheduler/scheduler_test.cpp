@@ -3,7 +3,7 @@
 using namespace baton;
 using namespace baton::scheduler_test;
 
-TEST_CASE("over max_requests a request is refused at once; admitted ones proceed", "[scheduler]") {
+TEST_CASE("over max_requests a request is refused at once, admitted ones proceed", "[scheduler]") {
   SchedulerConfig cfg;
   cfg.max_requests = 2;
   Harness h(cfg);
@@ -28,7 +28,7 @@ TEST_CASE("over max_requests a request is refused at once; admitted ones proceed
   CHECK(h.sched.n_admitted() == 2);
 }
 
-TEST_CASE("the queued prompt token bound refuses at once; a prompt over the bound is invalid", "[scheduler]") {
+TEST_CASE("the queued prompt token bound refuses at once, a prompt over the bound is invalid", "[scheduler]") {
   SchedulerConfig cfg;
   cfg.max_queued_prompt_tokens = 100;
   Harness h(cfg);

@@ -186,7 +186,7 @@ TEST_CASE("every prompt form OpenAI allows for one prompt, and several are refus
   CHECK(error_of(not_int32)["param"] == "prompt");
 }
 
-TEST_CASE("chat messages: text content in any of OpenAI's forms; other parts are refused by name", "[openai]") {
+TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are refused by name", "[openai]") {
   std::mt19937 rng(test_seed());
   const std::string a = random_text(rng, 30), b = random_text(rng, 30), sys = random_text(rng, 30);
   const Json messages = {{{"role", "developer"}, {"content", sys}},
