@@ -16,6 +16,7 @@
 
 #include "kv/block_pool.h"
 #include "model/model.h"
+#include "model/model_files.h"
 
 using namespace baton;
 
@@ -63,9 +64,9 @@ int main(int argc, char** argv) {
   }
   if (batches.empty()) batches = {1, 8};
   if (context < 1 || steps < 1) return usage(argv[0]);
-  auto file = GgufFile::open(argv[1]);
-  if (!file.ok()) {
-    std::fprintf(stderr, "baton: error: %s\n", file.status().message().c_str());
+  auto files = open_model_files(argv[1]);  // a GGUF file or a Hugging Face directory
+  if (!files.ok()) {
+    std::fprintf(stderr, "baton: error: %s\n", files.status().message().c_str());
     return 1;
   }
   std::string err;
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   // Native weights come with dense ones, as in baton generate: the set-up prefills run on dense
   // weights (fast), every decode step (M <= Backend::kNativeMaxRows) on the native ones.
   auto model =
-      Model::load(**file, *be, {}, weights == Model::Weights::kNative ? Model::Weights::kNativeAndDense : weights);
+      Model::load(*files->source, *be, {}, weights == Model::Weights::kNative ? Model::Weights::kNativeAndDense : weights);
   if (!model.ok()) {
     std::fprintf(stderr, "baton: error: %s\n", model.status().message().c_str());
     return 1;

@@ -14,6 +14,7 @@
 
 #include "kv/block_pool.h"
 #include "model/model.h"
+#include "model/model_files.h"
 
 using namespace baton;
 
@@ -73,9 +74,9 @@ int main(int argc, char** argv) {
     }
   }
   if (lengths.empty()) lengths = {128, 512, 2048};
-  auto file = GgufFile::open(argv[1]);
-  if (!file.ok()) {
-    std::fprintf(stderr, "baton: error: %s\n", file.status().message().c_str());
+  auto files = open_model_files(argv[1]);  // a GGUF file or a Hugging Face directory
+  if (!files.ok()) {
+    std::fprintf(stderr, "baton: error: %s\n", files.status().message().c_str());
     return 1;
   }
   std::printf("| dtype | prompt tokens | prefill ms | prefill tok/s | achieved GFLOP/s | GEMM alone GFLOP/s | ratio |\n");
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "baton: error: %s\n", err.c_str());
       return 1;
     }
-    auto model = Model::load(**file, *be);
+    auto model = Model::load(*files->source, *be);
     if (!model.ok()) {
       std::fprintf(stderr, "baton: error: %s\n", model.status().message().c_str());
       return 1;

@@ -1,4 +1,5 @@
-// Llama-family model hyper-parameters, read from GGUF metadata and validated in one place.
+// Llama-family model hyper-parameters, read from GGUF metadata (or a Hugging Face config.json:
+// hf_model.cpp) and validated in one place.
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 namespace baton {
 
 struct ModelConfig {
-  std::string arch;          // general.architecture: llama | qwen2 | mistral
+  std::string arch;          // general.architecture (or config.json's): llama | qwen2 | mistral
   std::string name;          // general.name (for logs)
   int n_layers = 0;          // {arch}.block_count
   int dim = 0;               // {arch}.embedding_length
@@ -24,6 +25,7 @@ struct ModelConfig {
   RopeConfig rope;           // theta, dims, neox (qwen2) vs adjacent pairs (llama), scaling
   bool qkv_bias = false;     // q/k/v projections carry a bias (qwen2)
   bool tied_output = false;  // no output.weight: the LM head reuses token_embd
+  std::string context_note;  // why n_ctx is below the model's trained context ("" when it is not)
 };
 
 // Reads and checks the config. UNIMPLEMENTED for architectures outside the Llama family.

@@ -13,6 +13,7 @@
 
 #include "kernels/sampling.h"
 #include "model/dequant.h"
+#include "model/model_source.h"
 
 namespace baton {
 namespace {
@@ -34,10 +35,10 @@ int64_t first_non_finite(std::span<const float> v) {
 
 // The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest) and finite; the
 // time the finite check took is added to `*check_seconds`.
-Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols,
+Result<std::vector<float>> load_tensor(const ModelSource& f, const std::string& name, int64_t rows, int64_t cols,
                                        double* check_seconds) {
-  const GgufTensorInfo* t = f.tensor(name);
-  if (t == nullptr) return not_found("tensor '" + name + "' is missing from the model file");
+  const std::optional<SourceTensor> t = f.tensor(name);
+  if (!t) return not_found("tensor '" + name + "' is missing from the model");
   const bool is_vector = rows == 1;
   const bool shape_ok = is_vector ? (t->dims.size() == 1 && t->dims[0] == static_cast<uint64_t>(cols))
                                   : (t->dims.size() == 2 && t->dims[0] == static_cast<uint64_t>(cols) &&
@@ -48,7 +49,8 @@ Result<std::vector<float>> load_tensor(const GgufFile& f, const std::string& nam
     return invalid_argument("tensor '" + name + "' has shape [" + dims + "], expected [" + std::to_string(cols) +
                             (is_vector ? "" : ", " + std::to_string(rows)) + "] (ggml order)");
   }
-  BATON_ASSIGN_OR_RETURN(std::vector<float> values, dequantize_tensor(f, *t));
+  std::vector<float> values(static_cast<size_t>(is_vector ? cols : rows * cols));
+  BATON_RETURN_IF_ERROR(dequantize(t->type, t->data, values.data(), static_cast<int64_t>(values.size())));
   // A corrupt file (bytes overwritten, a bad scale) can dequantise to NaN or infinity: every
   // logit would be NaN and every token 0. Refuse it here, naming the tensor.
   const auto t0 = std::chrono::steady_clock::now();
@@ -110,17 +112,22 @@ uint64_t next_buffers_generation() {
 
 void reset_op_profile() { OpProfile::get().reset(); }
 
-Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress,
+Result<std::unique_ptr<Model>> Model::load(const ModelSource& source, Backend& backend, const LoadProgress& progress,
                                            Weights weights) {
-  BATON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
-  auto model = std::unique_ptr<Model>(new Model(config, backend));
+  auto model = std::unique_ptr<Model>(new Model(source.config(), backend));
   model->weights_ = weights;
-  BATON_RETURN_IF_ERROR(model->load_weights(file, progress));
-  model->fingerprint_ = model_fingerprint(config, file);
+  BATON_RETURN_IF_ERROR(model->load_weights(source, progress));
+  model->fingerprint_ = source.fingerprint();
   return model;
 }
 
-Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backend, const LoadProgress& progress,
+                                           Weights weights) {
+  BATON_ASSIGN_OR_RETURN(auto source, gguf_model_source(file));
+  return load(*source, backend, progress, weights);
+}
+
+Result<std::unique_ptr<Matrix>> Model::load_gemm(const ModelSource& f,
                                                  const std::vector<std::pair<std::string, int64_t>>& parts,
                                                  int64_t cols) {
   const bool native = weights_ != Weights::kDense;
@@ -131,8 +138,10 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
     // Checks shape and that every value is finite.
     BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols, &finite_check_seconds_));
     rows += part_rows;
-    const GgufTensorInfo& info = *f.tensor(name);
-    if (native) quantized.push_back({static_cast<uint32_t>(info.type), f.tensor_data(info), part_rows});
+    if (native) {
+      const SourceTensor t = *f.tensor(name);
+      quantized.push_back({static_cast<uint32_t>(t.type), t.data, part_rows});
+    }
     if (dense.empty()) {
       dense = std::move(values);
     } else {
@@ -150,7 +159,7 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const GgufFile& f,
   return backend_.make_matrix(dense.data(), rows, cols, MatrixUse::kGemm);
 }
 
-Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
+Status Model::load_weights(const ModelSource& f, const LoadProgress& progress) {
   const ModelConfig& c = config_;
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
@@ -160,7 +169,7 @@ Status Model::load_weights(const GgufFile& f, const LoadProgress& progress) {
   };
 
   // Llama 3.1-style long-context RoPE: per-pair frequency divisors stored as a tensor.
-  if (f.tensor("rope_freqs.weight") != nullptr) {
+  if (f.tensor("rope_freqs.weight")) {
     BATON_ASSIGN_OR_RETURN(config_.rope.freq_factors, tensor("rope_freqs.weight", 1, c.rope.n_rot / 2));
   }
   BATON_ASSIGN_OR_RETURN(std::vector<float> embd, tensor("token_embd.weight", c.n_vocab, c.dim));

@@ -1,5 +1,6 @@
 // The Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or untied LM head),
-// written once against Backend. Weights are dequantised from GGUF at load and handed to the
+// written once against Backend. Weights (from a GGUF file or a Hugging Face directory: a
+// ModelSource) are dequantised at load and handed to the
 // backend in its compute dtype, or, with native weights, kept in the file's quantised blocks
 // where the backend has kernels for them (Backend::make_quantized_matrix); q/k/v and gate/up are
 // fused so each step runs one GEMM per projection group over all its tokens.
@@ -15,6 +16,7 @@
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/model_source.h"
 
 namespace baton {
 
@@ -42,6 +44,9 @@ class Model {
                        // above (a process that prefills and decodes, e.g. baton generate)
   };
   using LoadProgress = std::function<void(int done, int total)>;
+  static Result<std::unique_ptr<Model>> load(const ModelSource& source, Backend& backend,
+                                             const LoadProgress& progress = {}, Weights weights = Weights::kDense);
+  // The same from a GGUF file (gguf_model_source).
   static Result<std::unique_ptr<Model>> load(const GgufFile& file, Backend& backend, const LoadProgress& progress = {},
                                              Weights weights = Weights::kDense);
 
@@ -73,9 +78,9 @@ class Model {
 
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
-  Status load_weights(const GgufFile& file, const LoadProgress& progress);
+  Status load_weights(const ModelSource& source, const LoadProgress& progress);
   // A GEMM weight: the tensors `parts` ({name, rows}) stacked by rows, each `cols` wide.
-  Result<std::unique_ptr<Matrix>> load_gemm(const GgufFile& file,
+  Result<std::unique_ptr<Matrix>> load_gemm(const ModelSource& source,
                                             const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols);
   void reserve(int64_t n_tokens);
   void reserve_logits(int64_t n_rows);

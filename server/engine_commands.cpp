@@ -19,6 +19,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/test_model.h"
+#include "model/model_files.h"
 #include "model/tokenizer.h"
 
 namespace baton {
@@ -86,11 +87,9 @@ struct GenerateArgs {
 DType parse_dtype(const std::string& s) { return dtype_from_name(s).value(); }
 
 int run_generate(const GenerateArgs& a) {
-  auto file = GgufFile::open(a.model);
-  if (!file.ok()) return fail_model(file.status());
-  auto tokenizer = Tokenizer::from_gguf(**file);
-  if (!tokenizer.ok()) return fail_model(tokenizer.status());
-  const Tokenizer& tok = **tokenizer;
+  auto files = open_model_files(a.model);
+  if (!files.ok()) return fail_model(files.status());
+  const Tokenizer& tok = *files->tokenizer;
 
   std::vector<int32_t> prompt;
   if (!a.prompt_ids.empty()) {
@@ -100,7 +99,7 @@ int run_generate(const GenerateArgs& a) {
   } else {
     std::string text = a.prompt;
     if (!a.chat.empty()) {
-      Result<ChatTemplate> tmpl = chat_template_from_gguf(**file);
+      Result<ChatTemplate> tmpl = files->chat_template;
       if (!a.chat_template.empty()) {
         auto kind = chat_template_from_name(a.chat_template);
         if (!kind.ok()) return fail(kind.status());
@@ -130,7 +129,8 @@ int run_generate(const GenerateArgs& a) {
   if (!kv_dtype.ok()) return fail(kv_dtype.status());
   // A progress bar on a terminal only: stderr otherwise carries just the timing line (or one error).
   const auto load_start = std::chrono::steady_clock::now();
-  auto model = Model::load(**file, *backend, isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{},
+  auto model = Model::load(*files->source, *backend,
+                           isatty(STDERR_FILENO) ? load_progress_reporter(a.model) : Model::LoadProgress{},
                            weights_plan(a.weights, *backend, /*decodes=*/true, /*prefills=*/true));
   if (!model.ok()) return fail_model(model.status());
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -182,7 +182,7 @@ int run_generate(const GenerateArgs& a) {
 }
 
 // The tokenizer of a GGUF file, of a Hugging Face tokenizer.json, or of the tokenizer.json in a
-// model directory.
+// model directory (which need not hold weights).
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
   if (std::filesystem::is_directory(path)) return Tokenizer::from_hf_json(path + "/tokenizer.json");
   if (path.ends_with(".json")) return Tokenizer::from_hf_json(path);
@@ -236,7 +236,7 @@ int exit_with_error(const Status& s) {
 void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   auto gen = std::make_shared<GenerateArgs>();
   CLI::App* g = app.add_subcommand("generate", "Generate text in one process (no serving)");
-  g->add_option("--model", gen->model, "GGUF model file")->required();
+  g->add_option("--model", gen->model, "GGUF model file, or a Hugging Face model directory")->required();
   auto* prompt = g->add_option("--prompt", gen->prompt, "Raw prompt text");
   auto* chat = g->add_option("--chat", gen->chat, "A user message, rendered with the model's chat template");
   auto* ids = g->add_option("--prompt-ids", gen->prompt_ids, "Prompt as token ids, comma-separated");

@@ -31,22 +31,21 @@ void protobuf_log(google::protobuf::LogLevel level, const char* file, int line, 
 Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metrics* metrics) {
   google::protobuf::SetLogHandler(&protobuf_log);
   auto fe = std::unique_ptr<Frontend>(new Frontend(metrics));
-  BATON_ASSIGN_OR_RETURN(fe->file_, GgufFile::open(config.model_path));
-  BATON_ASSIGN_OR_RETURN(fe->tokenizer_, Tokenizer::from_gguf(*fe->file_));
-  BATON_ASSIGN_OR_RETURN(fe->model_.config, model_config_from_gguf(*fe->file_));
-  fe->model_.fingerprint = model_fingerprint(fe->model_.config, *fe->file_);
-  fe->model_.tokenizer = fe->tokenizer_.get();
-  fe->model_.name = std::filesystem::path(config.model_path).stem().string();
+  BATON_ASSIGN_OR_RETURN(fe->files_, open_model_files(config.model_path));
+  fe->model_.config = fe->files_.source->config();
+  fe->model_.fingerprint = fe->files_.source->fingerprint();
+  fe->model_.tokenizer = fe->files_.tokenizer.get();
+  fe->model_.name = fe->files_.name();
   fe->model_.max_priority = config.max_priority;
   fe->local_prefill_max_tokens_ = config.scheduler.local_prefill_max_tokens;
-  fe->model_.max_prompt_bytes = max_prompt_bytes(*fe->tokenizer_, fe->model_.config.n_ctx);
+  fe->model_.max_prompt_bytes = max_prompt_bytes(*fe->files_.tokenizer, fe->model_.config.n_ctx);
   if (!config.chat_template.empty()) {
     BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
     fe->model_.chat_template = ChatTemplate::for_kind(kind);
-  } else if (auto t = chat_template_from_gguf(*fe->file_); t.ok()) {
-    fe->model_.chat_template = *t;
+  } else if (fe->files_.chat_template.ok()) {
+    fe->model_.chat_template = *fe->files_.chat_template;
   } else {
-    spdlog::warn("chat requests are disabled: {}", t.status().message());
+    spdlog::warn("chat requests are disabled: {}", fe->files_.chat_template.status().message());
   }
   BATON_RETURN_IF_ERROR(config.registry.validate());
   BATON_RETURN_IF_ERROR(config.scheduler.validate());

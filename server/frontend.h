@@ -12,7 +12,7 @@
 #include "baton/v1/generate.grpc.pb.h"
 #include "common/api_keys.h"
 #include "common/metrics.h"
-#include "model/gguf.h"
+#include "model/model_files.h"
 #include "scheduler/scheduler.h"
 #include "server/generate_call.h"
 #include "server/grpc_worker_client.h"
@@ -77,8 +77,7 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
 
   Metrics* metrics_;
   int64_t local_prefill_max_tokens_ = 0;  // SchedulerConfig's: decode workers may prefill prompts
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelFiles files_;  // what --model names: the tokenizer, the chat template, the fingerprint
   ServedModel model_;
   SteadyClock clock_;
   std::unique_ptr<WorkerRegistry> registry_;

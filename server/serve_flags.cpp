@@ -18,7 +18,9 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 void add_serve_flags(CLI::App* c, ServeArgs& a) {
-  c->add_option("--model", a.model, "GGUF model file")->required()->envname("BATON_MODEL");
+  c->add_option("--model", a.model, "GGUF model file, or a Hugging Face model directory (config.json, safetensors, tokenizer.json)")
+      ->required()
+      ->envname("BATON_MODEL");
   c->add_option("--listen", a.listen, "gRPC listen address host:port")->envname("BATON_LISTEN");
   c->add_option("--metrics-listen", a.metrics_listen, "Prometheus /metrics address host:port")
       ->envname("BATON_METRICS_LISTEN");

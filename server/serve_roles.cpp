@@ -95,9 +95,9 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);
   BATON_ASSIGN_OR_RETURN(m.kv_dtype, resolve_kv_dtype(*m.backend, a.kv_dtype));
-  BATON_ASSIGN_OR_RETURN(m.file, GgufFile::open(a.model));
-  BATON_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.file));
-  BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.file, *m.backend,
+  BATON_ASSIGN_OR_RETURN(m.files, open_model_files(a.model));
+  if (const std::string& note = m.files.source->config().context_note; !note.empty()) spdlog::info("{}", note);
+  BATON_ASSIGN_OR_RETURN(m.model, Model::load(*m.files.source, *m.backend,
                                               load_progress_reporter(a.model, [](const std::string& line) {
                                                 spdlog::info("{}", line);
                                               }),
@@ -164,7 +164,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   dc.name = name;
   dc.local_prefill_max_tokens = a.local_prefill_max_tokens;
   dc.local_prefill_token_budget = a.local_prefill_token_budget;
-  BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.tokenizer->stop_ids(), dc, metrics));
+  BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.files.tokenizer->stop_ids(), dc, metrics));
   log_kv_pool("decode", dc.n_blocks, dc.block_size, decode_kv_block_bytes(r->m.model->config(), dc.block_size, dc.kv_dtype));
   r->engine->start();
   r->kv_probe = std::make_unique<KvProbeSink>(kv_probe_shape(r->m), name, metrics);

@@ -25,12 +25,12 @@
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_service.h"
 #include "kv/kv_transfer.h"
+#include "model/model_files.h"
 #if BATON_WITH_CUDA_KV
 #include "kv/kv_device_service.h"
 #endif
-#include "model/gguf.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "model/model_files.h"
 #include "prefill_worker/kv_prober.h"
 #include "prefill_worker/prefill_engine.h"
 #include "prefill_worker/prefill_service.h"
@@ -57,9 +57,8 @@ std::unique_ptr<KvTransport> make_kv_transport(const ServeArgs& a, const Securit
 // A loaded model with its own backend (Model::forward is not reentrant: one per engine).
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<GgufFile> file;
+  ModelFiles files;  // what --model names: config, weights, tokenizer (files.tokenizer)
   std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
   DType kv_dtype = DType::kF32;  // --kv-dtype, or the backend's default
 };
 

@@ -85,3 +85,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("baton e2e measurements")
         for line in _MEASUREMENTS:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def pb(tmp_path_factory):
+    """The generated Python modules for baton/v1 (the serving tests' own)."""
+    integration = str(REPO / "tests" / "integration")
+    if integration not in sys.path:
+        sys.path.insert(0, integration)
+    from serving_harness import compile_protos
+
+    return compile_protos(tmp_path_factory.mktemp("pb"))
