@@ -92,7 +92,8 @@ done
 rm -rf "$root/src" && mkdir -p "$root/src"
 (cd "$top" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/src"
 
-cleanup() { for m in dev/pts dev sys proc ""; do umount -l "$root/$m" 2>/dev/null || true; done; }
+# Everything mounted under the root goes, podman's storage mounts from --image or the deploy test too.
+cleanup() { umount -R -l "$root" 2>/dev/null || true; }
 trap cleanup EXIT
 # The root a mount point of its own, as a machine's / is: podman's storage remounts / in its own
 # mount namespace to unpack image layers, which fails on a plain folder.
