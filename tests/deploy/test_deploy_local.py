@@ -352,6 +352,9 @@ def test_a_stalled_engine_fails_liveness_until_it_moves(deployment, pb, baton_bi
     stopped = StoppedThread(step)
     stopped_at = time.time()
     try:
+        # A token the step finished just before it stopped may still be on its way through the
+        # frontend: count from when that has arrived.
+        time.sleep(1.0)
         at = stream.tokens
         failed_at = wait_for("liveness to fail", lambda: probe(deployment, "baton-decode", "livenessProbe").returncode
                               == 1, STALL_TIMEOUT + 15)
