@@ -1,182 +1,176 @@
 #include "model/chat_template.h"
 
-#include <cstdint>
-#include <vector>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
 
 #include "model/gguf.h"
 
 namespace baton {
 namespace {
 
-constexpr std::string_view kChatMLSystemStart = "<|im_start|>system\n";
-constexpr std::string_view kChatMLEnd = "<|im_end|>";
-constexpr std::string_view kSuggestion = "; choose one with --chat-template chatml|llama3";
+// The families' own templates, as their models ship them (ChatML as Qwen2 writes it, without
+// the default system prompt).
+constexpr std::string_view kChatML =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-// Python's str.isspace() code points: Jinja's `trim` is Python's str.strip(), which also strips the
-// separators U+001C..U+001F that Unicode's White_Space does not list.
-bool is_python_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+// Llama-2-chat: the system prompt inside the first [INST] between <<SYS>> markers; roles must
+// alternate starting with the user.
+constexpr std::string_view kLlama2 =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif "
+    "%}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] "
+    "== 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
+// Meta-Llama-3-Instruct (3.0).
+constexpr std::string_view kLlama3 =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% "
+    "endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+// Mistral-7B-Instruct v0.2 (and v0.1 since 2024): [INST] turns, an optional system message
+// joined to the first user turn; roles must alternate.
+constexpr std::string_view kMistral = R"({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)";
+
+// Zephyr: <|role|> headers, each turn closed by EOS.
+constexpr std::string_view kZephyr =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
+    "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif "
+    "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kBuiltins = {{
+    {"chatml", kChatML},
+    {"llama2", kLlama2},
+    {"llama3", kLlama3},
+    {"mistral", kMistral},
+    {"zephyr", kZephyr},
+}};
+
+constexpr std::string_view kNames = "chatml, llama2, llama3, mistral, zephyr";
+
+std::string suggestion() {
+  return "; give --chat-template NAME (" + std::string(kNames) + ") or --chat-template FILE.jinja";
 }
 
-// The code point starting at `pos` and its length; an invalid byte counts as one non-space unit,
-// which is all trim() needs.
-std::pair<uint32_t, size_t> code_point_at(std::string_view s, size_t pos) {
-  const auto b0 = static_cast<uint8_t>(s[pos]);
-  const size_t len = b0 < 0x80 ? 1 : b0 >= 0xF0 ? 4 : b0 >= 0xE0 ? 3 : b0 >= 0xC0 ? 2 : 1;
-  if (len == 1 || pos + len > s.size()) return {len == 1 ? b0 : 0xFFFD, 1};
-  uint32_t cp = b0 & (0x7F >> len);
-  for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<uint8_t>(s[pos + k]) & 0x3F);
-  return {cp, len};
-}
-
-std::string_view python_strip(std::string_view s) {
-  size_t begin = 0;
-  while (begin < s.size()) {
-    const auto [cp, len] = code_point_at(s, begin);
-    if (!is_python_space(cp)) break;
-    begin += len;
+jinja::Value globals(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                     const ChatTemplateTokens& tokens) {
+  jinja::Value::List list;
+  for (const ChatMessage& m : messages) {
+    list.push_back(jinja::Value::dict({{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}}));
   }
-  size_t end = begin;  // one past the last non-space character
-  for (size_t pos = begin; pos < s.size();) {
-    const auto [cp, len] = code_point_at(s, pos);
-    pos += len;
-    if (!is_python_space(cp)) end = pos;
-  }
-  return s.substr(begin, end - begin);
-}
-
-// The string literals inside the template's {{ }} and {% %} tags, unescaped as Jinja (Python)
-// does. Text outside tags is output, not code, so a quote there starts no literal.
-std::vector<std::string> jinja_string_literals(std::string_view source) {
-  std::vector<std::string> literals;
-  size_t pos = 0;
-  while ((pos = source.find('{', pos)) != std::string_view::npos) {
-    if (pos + 1 >= source.size() || (source[pos + 1] != '{' && source[pos + 1] != '%')) {
-      ++pos;
-      continue;
-    }
-    const char close = source[pos + 1] == '{' ? '}' : '%';
-    for (pos += 2; pos < source.size(); ++pos) {
-      const char c = source[pos];
-      if (c == close && pos + 1 < source.size() && source[pos + 1] == '}') break;
-      if (c != '\'' && c != '"') continue;
-      std::string literal;
-      for (++pos; pos < source.size() && source[pos] != c; ++pos) {
-        if (source[pos] != '\\' || pos + 1 >= source.size()) {
-          literal += source[pos];
-          continue;
-        }
-        const char e = source[++pos];
-        switch (e) {
-          case 'n': literal += '\n'; break;
-          case 't': literal += '\t'; break;
-          case 'r': literal += '\r'; break;
-          case '\\':
-          case '\'':
-          case '"': literal += e; break;
-          default: literal += {'\\', e};  // Python keeps unknown escapes verbatim
-        }
-      }
-      literals.push_back(std::move(literal));
-    }
-  }
-  return literals;
-}
-
-// ChatML's default system prompt: the text of a literal that is a whole system turn,
-// '<|im_start|>system\n...<|im_end|>\n', which such templates emit when messages[0] is no system
-// message. Templates that never insert one have no such literal.
-std::optional<std::string> chatml_default_system(std::string_view source) {
-  for (std::string_view literal : jinja_string_literals(source)) {
-    if (!literal.starts_with(kChatMLSystemStart)) continue;
-    if (literal.ends_with('\n')) literal.remove_suffix(1);
-    if (!literal.ends_with(kChatMLEnd)) continue;
-    literal.remove_prefix(kChatMLSystemStart.size());
-    literal.remove_suffix(kChatMLEnd.size());
-    return std::string(literal);
-  }
-  return std::nullopt;
+  jinja::Value::Dict g = {
+      {"messages", jinja::Value::list(std::move(list))},
+      {"add_generation_prompt", jinja::Value(add_generation_prompt)},
+      {"tools", jinja::Value::none()},
+      {"documents", jinja::Value::none()},
+  };
+  if (!tokens.bos_token.empty()) g.emplace_back("bos_token", jinja::Value(tokens.bos_token));
+  if (!tokens.eos_token.empty()) g.emplace_back("eos_token", jinja::Value(tokens.eos_token));
+  return jinja::Value::dict(std::move(g));
 }
 
 }  // namespace
 
-ChatTemplate ChatTemplate::chatml(std::optional<std::string> default_system) {
-  return ChatTemplate(ChatTemplateKind::kChatML, std::move(default_system), "");
-}
-
-ChatTemplate ChatTemplate::llama3(std::string bos_token) {
-  return ChatTemplate(ChatTemplateKind::kLlama3, std::nullopt, std::move(bos_token));
-}
-
-ChatTemplate ChatTemplate::for_kind(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::kChatML ? chatml() : llama3();
-}
-
-std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
-  std::string out;
-  if (kind_ == ChatTemplateKind::kChatML) {
-    // The default system turn is emitted inside the loop on its first pass, so an empty
-    // conversation gets none.
-    if (!messages.empty() && messages[0].role != "system" && default_system_) {
-      out += std::string(kChatMLSystemStart) + *default_system_ + std::string(kChatMLEnd) + "\n";
-    }
-    for (const ChatMessage& m : messages) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + std::string(kChatMLEnd) + "\n";
-    }
-    if (add_generation_prompt) out += "<|im_start|>assistant\n";
-    return out;
+Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::string name, ChatTemplateTokens tokens) {
+  const std::string where = name == "model" ? "the model's chat template" : "the chat template " + name;
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed.ok()) {
+    return Status(parsed.status().code(), where + ", " + parsed.status().message() + suggestion());
   }
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (i == 0) out += bos_token_;
-    out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n";
-    out += python_strip(messages[i].content);
-    out += "<|eot_id|>";
+  ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens));
+  const ChatMessage probe[] = {{"user", "Hello"}};
+  auto rendered = t.render(probe, /*add_generation_prompt=*/true);
+  if (!rendered.ok()) {
+    return Status(rendered.status().code(),
+                  where + " cannot render a one-message chat: " + rendered.status().message() + suggestion());
   }
-  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  return t;
 }
 
-Result<ChatTemplateKind> chat_template_from_name(std::string_view name) {
-  if (name == "chatml") return ChatTemplateKind::kChatML;
-  if (name == "llama3") return ChatTemplateKind::kLlama3;
-  return invalid_argument("unknown chat template '" + std::string(name) + "' (known: chatml, llama3)");
+Result<ChatTemplate> ChatTemplate::builtin(std::string_view name, ChatTemplateTokens tokens) {
+  for (const auto& [n, source] : kBuiltins) {
+    if (n == name) return from_jinja(source, std::string(n), std::move(tokens));
+  }
+  return invalid_argument("--chat-template: unknown template '" + std::string(name) + "' (built in: " +
+                          std::string(kNames) + "; or the path of a Jinja file)");
 }
 
-const char* chat_template_name(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::kChatML ? "chatml" : "llama3";
+Result<ChatTemplate> ChatTemplate::from_flag(std::string_view value, ChatTemplateTokens tokens) {
+  const std::filesystem::path path(value);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return builtin(value, std::move(tokens));
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return not_found("--chat-template: cannot read " + std::string(value));
+  return from_jinja(text.str(), std::string(value), std::move(tokens));
 }
 
-Result<ChatTemplate> chat_template_from_jinja(std::string_view source, std::string_view bos_token) {
-  if (source.find("<|start_header_id|>") != std::string_view::npos) {
-    // Llama 3.1 and later always open with a system turn carrying dates and tool instructions;
-    // rendering them as 3.0 would silently change the prompt.
-    if (source.find("Cutting Knowledge Date") != std::string_view::npos) {
-      return unimplemented(
-          "the model's chat template is Llama 3.1-style (it opens with a dated system turn), which baton does "
-          "not render; --chat-template llama3 renders the Llama 3.0 format instead");
-    }
-    return ChatTemplate::llama3(std::string(bos_token));
+Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+  if (messages.empty()) return invalid_argument("there are no messages to render");  // as transformers refuses
+  auto text = template_.render(globals(messages, add_generation_prompt, tokens_));
+  if (!text.ok() && text.status().code() == StatusCode::kFailedPrecondition) {
+    return invalid_argument("the chat template refuses these messages: " + text.status().message());
   }
-  if (source.find("<|im_start|>") != std::string_view::npos) {
-    return ChatTemplate::chatml(chatml_default_system(source));
-  }
-  return unimplemented("the model's chat template is not one baton recognises (ChatML, Llama 3)" +
-                       std::string(kSuggestion));
+  if (!text.ok()) return invalid_argument("the chat template failed at " + text.status().message());
+  return text;
+}
+
+std::string_view chat_template_builtin_names() { return kNames; }
+
+ChatTemplateTokens chat_template_tokens_from_gguf(const GgufFile& file) {
+  ChatTemplateTokens tokens;
+  const std::vector<std::string>* vocab = file.string_array("tokenizer.ggml.tokens");
+  const auto text_of = [&](const char* key) -> std::string {
+    if (vocab == nullptr || file.find(key) == nullptr) return "";
+    auto id = file.get_int(key);
+    if (!id.ok() || *id < 0 || *id >= static_cast<int64_t>(vocab->size())) return "";
+    return (*vocab)[static_cast<size_t>(*id)];
+  };
+  tokens.bos_token = text_of("tokenizer.ggml.bos_token_id");
+  tokens.eos_token = text_of("tokenizer.ggml.eos_token_id");
+  return tokens;
 }
 
 Result<ChatTemplate> chat_template_from_gguf(const GgufFile& file) {
   if (file.find("tokenizer.chat_template") == nullptr) {
-    return not_found("the model has no chat template (no tokenizer.chat_template)" + std::string(kSuggestion));
+    return not_found("the model has no chat template (no tokenizer.chat_template)" + suggestion());
   }
   BATON_ASSIGN_OR_RETURN(const std::string source, file.get_string("tokenizer.chat_template"));
-  std::string bos_token = "<|begin_of_text|>";
-  const std::vector<std::string>* tokens = file.string_array("tokenizer.ggml.tokens");
-  if (file.find("tokenizer.ggml.bos_token_id") != nullptr && tokens != nullptr) {
-    BATON_ASSIGN_OR_RETURN(const int64_t bos, file.get_int("tokenizer.ggml.bos_token_id"));
-    if (bos >= 0 && bos < static_cast<int64_t>(tokens->size())) bos_token = (*tokens)[bos];
-  }
-  return chat_template_from_jinja(source, bos_token);
+  return ChatTemplate::from_jinja(source, "model", chat_template_tokens_from_gguf(file));
 }
 
 }  // namespace baton

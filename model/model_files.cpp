@@ -11,16 +11,43 @@ namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kSuggestion = "; choose one with --chat-template chatml|llama3";
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json();
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+// A special token as tokenizer_config.json or special_tokens_map.json writes it: a string, or an
+// AddedToken object with its "content".
+std::string special_token_text(const nlohmann::json& config, const char* key) {
+  if (!config.is_object() || !config.contains(key)) return "";
+  const auto& t = config.at(key);
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content") && t.at("content").is_string()) return t.at("content").get<std::string>();
+  return "";
+}
+
+// The text of bos_token and eos_token as transformers gives them to a template: from
+// tokenizer_config.json, else special_tokens_map.json, else the tokenizer's own BOS/EOS.
+ChatTemplateTokens hf_template_tokens(const fs::path& dir, const nlohmann::json& config, const Tokenizer& tokenizer) {
+  const nlohmann::json map = read_json(dir / "special_tokens_map.json");
+  ChatTemplateTokens tokens;
+  const auto pick = [&](const char* key, int32_t id) {
+    std::string text = special_token_text(config, key);
+    if (text.empty()) text = special_token_text(map, key);
+    if (text.empty() && id >= 0) text = tokenizer.token_bytes(id);
+    return text;
+  };
+  tokens.bos_token = pick("bos_token", tokenizer.bos_id());
+  tokens.eos_token = pick("eos_token", tokenizer.eos_id());
+  return tokens;
+}
 
 // A Hugging Face directory's chat template: tokenizer_config.json's chat_template (a string, or
 // a list whose "default" entry is the template), else chat_template.jinja beside it.
-Result<ChatTemplate> hf_chat_template(const fs::path& dir, const Tokenizer& tokenizer) {
+Result<ChatTemplate> hf_chat_template(const fs::path& dir, const ChatTemplateTokens& tokens,
+                                      const nlohmann::json& config) {
   std::string source;
-  nlohmann::json config;
-  if (std::ifstream in(dir / "tokenizer_config.json"); in) {
-    config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  }
   if (config.is_object() && config.contains("chat_template")) {
     const auto& t = config.at("chat_template");
     if (t.is_string()) source = t.get<std::string>();
@@ -38,14 +65,18 @@ Result<ChatTemplate> hf_chat_template(const fs::path& dir, const Tokenizer& toke
     }
   }
   if (source.empty()) {
-    return not_found("the model has no chat template (none in tokenizer_config.json or chat_template.jinja)" +
-                     std::string(kSuggestion));
+    return not_found("the model has no chat template (none in tokenizer_config.json or chat_template.jinja); give "
+                     "--chat-template NAME (" + std::string(chat_template_builtin_names()) + ") or FILE.jinja");
   }
-  const std::string bos = tokenizer.bos_id() >= 0 ? tokenizer.token_bytes(tokenizer.bos_id()) : "";
-  return chat_template_from_jinja(source, bos);
+  return ChatTemplate::from_jinja(source, "model", tokens);
 }
 
 }  // namespace
+
+Result<ChatTemplate> ModelFiles::chat_template_for(const std::string& flag) const {
+  if (!flag.empty()) return ChatTemplate::from_flag(flag, chat_tokens);
+  return chat_template;
+}
 
 std::string ModelFiles::name() const {
   const fs::path p(path);
@@ -62,11 +93,14 @@ Result<ModelFiles> open_model_files(const std::string& path) {
       return not_found(path + " has no tokenizer.json (baton reads Hugging Face fast tokenizers, not tokenizer.model)");
     }
     BATON_ASSIGN_OR_RETURN(files.tokenizer, Tokenizer::from_hf_json(tokenizer_json));
-    files.chat_template = hf_chat_template(path, *files.tokenizer);
+    const nlohmann::json config = read_json(fs::path(path) / "tokenizer_config.json");
+    files.chat_tokens = hf_template_tokens(path, config, *files.tokenizer);
+    files.chat_template = hf_chat_template(path, files.chat_tokens, config);
   } else {
     BATON_ASSIGN_OR_RETURN(files.gguf, GgufFile::open(path));
     BATON_ASSIGN_OR_RETURN(files.source, gguf_model_source(*files.gguf));
     BATON_ASSIGN_OR_RETURN(files.tokenizer, Tokenizer::from_gguf(*files.gguf));
+    files.chat_tokens = chat_template_tokens_from_gguf(*files.gguf);
     files.chat_template = chat_template_from_gguf(*files.gguf);
   }
   if (files.tokenizer->n_vocab() > files.source->config().n_vocab) {

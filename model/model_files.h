@@ -19,9 +19,14 @@ struct ModelFiles {
   std::unique_ptr<GgufFile> gguf;       // a GGUF file's (null for a directory); `source` reads it
   std::unique_ptr<ModelSource> source;  // config, tensors, fingerprint
   std::unique_ptr<Tokenizer> tokenizer;
-  // The model's chat template, or why there is none to use: NOT_FOUND (the model has none) or
-  // UNIMPLEMENTED (one baton cannot render); both say to give --chat-template.
+  // The model's chat template, or why there is none to use: NOT_FOUND (the model has none), or
+  // the parse or probe error of one baton cannot render; both say to give --chat-template.
   Result<ChatTemplate> chat_template = not_found("no chat template");
+  // The special tokens' text the model's templates print (bos_token, eos_token).
+  ChatTemplateTokens chat_tokens;
+  // The template --chat-template `flag` names (a built-in or a Jinja file, with this model's
+  // special tokens), or the model's own when `flag` is empty.
+  Result<ChatTemplate> chat_template_for(const std::string& flag) const;
   // A short name for the model: the GGUF file's or the directory's name without extension.
   std::string name() const;
 };

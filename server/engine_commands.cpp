@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -99,17 +101,14 @@ int run_generate(const GenerateArgs& a) {
   } else {
     std::string text = a.prompt;
     if (!a.chat.empty()) {
-      Result<ChatTemplate> tmpl = files->chat_template;
-      if (!a.chat_template.empty()) {
-        auto kind = chat_template_from_name(a.chat_template);
-        if (!kind.ok()) return fail(kind.status());
-        tmpl = ChatTemplate::for_kind(*kind);
-      }
+      Result<ChatTemplate> tmpl = files->chat_template_for(a.chat_template);
       if (!tmpl.ok()) return fail(tmpl.status());
       std::vector<ChatMessage> messages;
       if (!a.system.empty()) messages.push_back({"system", a.system});
       messages.push_back({"user", a.chat});
-      text = tmpl->render(messages, /*add_generation_prompt=*/true);
+      auto rendered = tmpl->render(messages, /*add_generation_prompt=*/true);
+      if (!rendered.ok()) return fail(rendered.status());
+      text = std::move(*rendered);
     }
     if (text.empty()) return fail(invalid_argument("the prompt is empty: pass a non-empty --prompt or --chat"));
     auto ids = tok.encode(text, /*parse_special=*/!a.chat.empty());
@@ -214,6 +213,71 @@ int run_tokenize(const std::string& model, const std::string& text, bool no_spec
   return 0;
 }
 
+struct ChatTemplateArgs {
+  std::string model;
+  std::string chat_template;
+  std::string bos_token;
+  std::string eos_token;
+  std::string messages;       // one conversation, as JSON
+  std::string conversations;  // a JSON file: [{"messages": [...], "add_generation_prompt": bool}, ...]
+  bool no_generation_prompt = false;
+};
+
+Result<std::vector<ChatMessage>> parse_messages(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_array()) return invalid_argument(what + ": expected a JSON array of {\"role\", \"content\"} objects");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& m = j[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      return invalid_argument(what + "[" + std::to_string(i) + "]: expected {\"role\": string, \"content\": string}");
+    }
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
+// Prints the prompt a chat template makes of messages: one conversation's text exactly (no
+// newline added), or for --conversations one JSON line per conversation, {"text": ...} or
+// {"error": ...} (a template's refusal is an answer there, not a failure).
+int run_chat_template(const ChatTemplateArgs& a) {
+  Result<ChatTemplate> tmpl = not_found("give --model or --chat-template");
+  if (!a.model.empty()) {
+    auto files = open_model_files(a.model);
+    if (!files.ok()) return fail_model(files.status());
+    tmpl = files->chat_template_for(a.chat_template);
+  } else if (!a.chat_template.empty()) {
+    tmpl = ChatTemplate::from_flag(a.chat_template, {a.bos_token, a.eos_token});
+  }
+  if (!tmpl.ok()) return fail(tmpl.status());
+  if (!a.messages.empty()) {
+    const auto j = nlohmann::json::parse(a.messages, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return fail(invalid_argument("--messages is not valid JSON"));
+    auto messages = parse_messages(j, "--messages");
+    if (!messages.ok()) return fail(messages.status());
+    auto text = tmpl->render(*messages, !a.no_generation_prompt);
+    if (!text.ok()) return fail(text.status());
+    std::fwrite(text->data(), 1, text->size(), stdout);
+    return 0;
+  }
+  std::ifstream in(a.conversations);
+  if (!in) return fail(not_found("--conversations: cannot read " + a.conversations));
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return fail(invalid_argument("--conversations: expected a JSON array of conversations"));
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string what = "--conversations[" + std::to_string(i) + "]";
+    if (!j[i].is_object() || !j[i].contains("messages")) {
+      return fail(invalid_argument(what + ": expected {\"messages\": [...], \"add_generation_prompt\": bool}"));
+    }
+    auto messages = parse_messages(j[i]["messages"], what + ".messages");
+    if (!messages.ok()) return fail(messages.status());
+    auto text = tmpl->render(*messages, j[i].value("add_generation_prompt", true));
+    const nlohmann::json line = text.ok() ? nlohmann::json{{"text", *text}} : nlohmann::json{{"error", text.status().message()}};
+    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 bool use_native_weights(const std::string& weights, const Backend& backend, bool decodes) {
@@ -243,7 +307,8 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   prompt->excludes(chat)->excludes(ids);
   chat->excludes(ids);
   g->add_option("--system", gen->system, "System message for --chat");
-  g->add_option("--chat-template", gen->chat_template, "chatml | llama3 (default: from the model file)");
+  g->add_option("--chat-template", gen->chat_template,
+                "NAME (chatml, llama2, llama3, mistral, zephyr) or a Jinja FILE (default: the model's template)");
   g->add_option("--max-tokens", gen->max_tokens, "Tokens to generate (0: prefill only)")->check(CLI::NonNegativeNumber);
   g->add_option("--temperature", gen->temperature, "0 = greedy");
   g->add_option("--top-k", gen->top_k, "Keep the k most likely tokens (0: all)");
@@ -284,6 +349,28 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
       throw CLI::ValidationError("tokenize", "give TEXT or --decode IDS");
     const auto decode = t->count("--decode") ? std::optional<std::string>(*tk_decode) : std::nullopt;
     *run = [=] { return run_tokenize(*tk_model, *tk_text, *tk_no_special, decode); };
+  });
+
+  auto ct = std::make_shared<ChatTemplateArgs>();
+  CLI::App* c = app.add_subcommand("chat-template", "Print the prompt a chat template makes of messages");
+  c->add_option("--model", ct->model, "GGUF model file or model directory: its template and special tokens");
+  c->add_option("--chat-template", ct->chat_template,
+                "NAME (chatml, llama2, llama3, mistral, zephyr) or a Jinja FILE (default: the model's template)");
+  c->add_option("--bos-token", ct->bos_token, "bos_token's text, without --model");
+  c->add_option("--eos-token", ct->eos_token, "eos_token's text, without --model");
+  auto* msgs = c->add_option("--messages", ct->messages, R"(A conversation as JSON: [{"role": "user", "content": "Hi"}])");
+  auto* convs = c->add_option("--conversations", ct->conversations,
+                              "A JSON file of conversations; prints one JSON line per conversation");
+  msgs->excludes(convs);
+  c->add_flag("--no-generation-prompt", ct->no_generation_prompt, "Render without the assistant turn's opening");
+  c->callback([=] {
+    if (c->count("--messages") + c->count("--conversations") == 0) {
+      throw CLI::ValidationError("chat-template", "give --messages JSON or --conversations FILE");
+    }
+    if (c->count("--model") + c->count("--chat-template") == 0) {
+      throw CLI::ValidationError("chat-template", "give --model or --chat-template");
+    }
+    *run = [=] { return run_chat_template(*ct); };
   });
 
   CLI::App* tools = app.add_subcommand("tools", "Developer tools");

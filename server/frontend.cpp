@@ -39,13 +39,16 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->model_.max_priority = config.max_priority;
   fe->local_prefill_max_tokens_ = config.scheduler.local_prefill_max_tokens;
   fe->model_.max_prompt_bytes = max_prompt_bytes(*fe->files_.tokenizer, fe->model_.config.n_ctx);
-  if (!config.chat_template.empty()) {
-    BATON_ASSIGN_OR_RETURN(ChatTemplateKind kind, chat_template_from_name(config.chat_template));
-    fe->model_.chat_template = ChatTemplate::for_kind(kind);
-  } else if (fe->files_.chat_template.ok()) {
-    fe->model_.chat_template = *fe->files_.chat_template;
+  // A template baton cannot render stops the start (--chat-template is the way on); a model
+  // without any template serves prompts, and chat requests are refused with the reason.
+  Result<ChatTemplate> tmpl = fe->files_.chat_template_for(config.chat_template);
+  if (tmpl.ok()) {
+    fe->model_.chat_template = *tmpl;
+    spdlog::info("chat template: {}", tmpl->name());
+  } else if (tmpl.status().code() == StatusCode::kNotFound && config.chat_template.empty()) {
+    spdlog::warn("chat requests are disabled: {}", tmpl.status().message());
   } else {
-    spdlog::warn("chat requests are disabled: {}", fe->files_.chat_template.status().message());
+    return tmpl.status();
   }
   BATON_RETURN_IF_ERROR(config.registry.validate());
   BATON_RETURN_IF_ERROR(config.scheduler.validate());

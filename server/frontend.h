@@ -24,7 +24,7 @@ namespace baton {
 struct FrontendConfig {
   std::string model_path;     // GGUF file (metadata only)
   std::string name;           // listen address, for metrics labels and logs
-  std::string chat_template;  // "" (from the model) | chatml | llama3
+  std::string chat_template;  // "" (the model's) | a built-in template's name | a Jinja file
   int32_t max_priority = 0;   // highest priority a client may ask for (ServedModel::max_priority)
   WorkerPoolConfig workers;   // where the workers are
   SchedulerConfig scheduler;  // admission bounds

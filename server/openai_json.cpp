@@ -216,7 +216,7 @@ Json model_json(const ServedModel& m, int64_t created) {
            {{"architecture", m.config.arch},
             {"context_length", m.config.n_ctx},
             {"vocab_size", m.config.n_vocab},
-            {"chat_template", m.chat_template ? chat_template_name(m.chat_template->kind()) : ""},
+            {"chat_template", m.chat_template ? m.chat_template->name() : ""},
             {"fingerprint", m.fingerprint}}}};
 }
 

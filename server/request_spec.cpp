@@ -106,7 +106,9 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
       }
       messages.push_back({msg.role(), msg.content()});
     }
-    auto ids = m.tokenizer->encode(m.chat_template->render(messages, /*add_generation_prompt=*/true), true);
+    auto text = m.chat_template->render(messages, /*add_generation_prompt=*/true);
+    if (!text.ok()) return invalid_argument("messages: " + text.status().message());
+    auto ids = m.tokenizer->encode(*text, true);
     if (!ids.ok()) return invalid_argument("messages: " + ids.status().message());
     spec.prompt_ids = std::move(*ids);
   }
@@ -156,7 +158,7 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
 
 v1::ModelInfo model_info(const ServedModel& m) {
   v1::ModelInfo info;
-  model_info_to_proto(m.name, m.config, m.fingerprint, m.chat_template ? chat_template_name(m.chat_template->kind()) : "",
+  model_info_to_proto(m.name, m.config, m.fingerprint, m.chat_template ? m.chat_template->name() : "",
                       &info);
   return info;
 }

@@ -82,7 +82,8 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
                 "then fails UNAVAILABLE")
       ->check(CLI::Range(0.001, 86400.0))
       ->envname("BATON_NO_WORKER_TIMEOUT");
-  c->add_option("--chat-template", a.chat_template, "chatml | llama3 (default: from the model)")
+  c->add_option("--chat-template", a.chat_template,
+                "NAME (chatml, llama2, llama3, mistral, zephyr) or a Jinja FILE (default: the model's template)")
       ->envname("BATON_CHAT_TEMPLATE");
   c->add_option("--prefill-token-budget", a.prefill_token_budget,
                 "Prefill: most prompt tokens per step (default 512; a larger budget batches more prompts into one "

@@ -525,7 +525,7 @@ TEST_CASE("the model list names the served model with its context and template",
   CHECK(m["created"] == 1234);
   CHECK(m["baton"]["context_length"] == served().model.config.n_ctx);
   CHECK(m["baton"]["vocab_size"] == served().model.config.n_vocab);
-  CHECK(m["baton"]["chat_template"] == "chatml");
+  CHECK(m["baton"]["chat_template"] == "model");  // the model's own template
 }
 
 }  // namespace baton
