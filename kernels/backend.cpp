@@ -97,8 +97,7 @@ std::optional<int> cuda_device_ordinal(std::string_view device) {
 Result<DType> resolve_kv_dtype(const Backend& backend, std::string_view name) {
   // bf16 halves the KV pool and the bytes a hand-off moves, and on the CPU a bf16 cache under bf16
   // compute takes the bf16 dot-product decode attention, the faster one (bench/RESULTS.md).
-  const bool bf16 = backend.compute_dtype() == DType::kBF16 || backend.activation_dtype() == DType::kBF16;
-  DType dtype = bf16 ? DType::kBF16 : DType::kF32;
+  DType dtype = backend.default_kv_dtype();
   if (!name.empty()) {
     std::optional<DType> d = dtype_from_name(name);
     if (!d) return invalid_argument("--kv-dtype must be f32, bf16 or f16, got '" + std::string(name) + "'");

@@ -146,6 +146,12 @@ class Backend {
   virtual bool synchronous() const { return false; }
   // False for KV cache dtypes this backend's attention cannot read.
   virtual bool supports_kv_dtype(DType dtype) const { return true; }
+  // The KV cache dtype when --kv-dtype is not given (resolve_kv_dtype).
+  virtual DType default_kv_dtype() const {
+    return compute_dtype() == DType::kBF16 || activation_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  }
+  // Why compute_dtype() is what it is, for the log ("" when it is simply what was asked for).
+  virtual std::string dtype_reason() const { return ""; }
 
   // ---- threads ----
   // Called once by the thread that will run this backend's steps (an engine's loop), before its
@@ -249,6 +255,11 @@ struct BackendOptions {
   int n_threads = 0;            // CPU threads (0: all cores, or one per entry of `cpus`)
   std::vector<int> cpus;        // the cores bind_thread() restricts the step threads to (empty: any)
   int nice = 0;                 // the step threads' niceness after bind_thread() (common/cpu_set.h)
+  // --dtype auto: a CPU backend that only prefills times `dtype` (bf16) against f32 on a
+  // prefill-shaped gemm at start and computes in the faster (some CPUs' bf16 gemm is slower than
+  // their f32 one); one that decodes keeps `dtype` (its steps read native or bf16 weights and are
+  // memory-bound). The KV cache's default stays bf16 either way, so the roles' KV agree.
+  bool measure_dtype = false;
 };
 
 // The backend for `options.device`; nullptr and a message in `*error` when unavailable.

@@ -27,7 +27,11 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--threads", a.threads, "CPU threads per engine (0: one per core it owns, or all cores)")
       ->envname("BATON_THREADS");
   c->add_option("--device", a.device, "cpu, or cuda[:N] for the CUDA backend (bf16)")->envname("BATON_DEVICE");
-  c->add_option("--dtype", a.dtype, "GEMM compute type")->check(CLI::IsMember({"f32", "bf16"}))->envname("BATON_DTYPE");
+  c->add_option("--dtype", a.dtype,
+                "GEMM compute type: auto (default: bf16 where the CPU has it; a prefill-only worker measures bf16 "
+                "against f32 at start and takes the faster), bf16 or f32")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->envname("BATON_DTYPE");
   c->add_option("--kv-dtype", a.kv_dtype, "KV cache type: f32, bf16 or f16 (default: bf16 with --dtype bf16 where the device computes in bf16, else f32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->envname("BATON_KV_DTYPE");

@@ -23,8 +23,8 @@ struct ServeArgs {
   // shared). The frontend, gRPC and KV sender threads run on the prefill cores.
   std::string decode_cpus, prefill_cpus;
   std::string device = "cpu";
-  std::string dtype = "bf16";
-  std::string kv_dtype;  // empty: bf16 under bf16 compute, else f32 (resolve_kv_dtype)
+  std::string dtype = "auto";  // auto | bf16 | f32 (BackendOptions::measure_dtype)
+  std::string kv_dtype;  // empty: the backend's default_kv_dtype() (resolve_kv_dtype)
   std::string kv_transport = "tcp";  // prefill: how KV reaches decode workers (tcp | cuda_ipc | nccl)
   std::string weights = "auto";      // auto | native | dense (engine_commands.h)
   int block_size = 16;

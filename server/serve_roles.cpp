@@ -86,7 +86,8 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   LoadedModel m;
   BackendOptions bo;
   bo.device = a.device;
-  bo.dtype = dtype_of(a.dtype);
+  bo.dtype = a.dtype == "auto" ? DType::kBF16 : dtype_of(a.dtype);
+  bo.measure_dtype = a.dtype == "auto" && prefills && !decodes;
   bo.n_threads = a.threads;
   bo.cpus = std::move(cpus);
   // A prefill engine's steps are throughput work; a decode engine's are the latency it serves.
@@ -94,6 +95,9 @@ Result<LoadedModel> load_model(const ServeArgs& a, bool decodes, bool prefills, 
   std::string error;
   m.backend = make_backend(bo, &error);
   if (!m.backend) return invalid_argument(error);
+  if (const std::string why = m.backend->dtype_reason(); !why.empty()) {
+    spdlog::info("prefill computes in {}: {}", dtype_name(m.backend->compute_dtype()), why);
+  }
   BATON_ASSIGN_OR_RETURN(m.kv_dtype, resolve_kv_dtype(*m.backend, a.kv_dtype));
   BATON_ASSIGN_OR_RETURN(m.files, open_model_files(a.model));
   if (const std::string& note = m.files.source->config().context_note; !note.empty()) spdlog::info("{}", note);

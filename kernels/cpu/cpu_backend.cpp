@@ -5,11 +5,15 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -105,8 +109,11 @@ class CpuKvCache final : public KvCache {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(DType dtype, int n_threads, std::vector<int> cpus, int nice)
+  CpuBackend(DType dtype, int n_threads, std::vector<int> cpus, int nice, DType kv_default = DType::kF32,
+             std::string dtype_reason = "")
       : dtype_(dtype),
+        kv_default_(dtype == DType::kBF16 ? DType::kBF16 : kv_default),
+        dtype_reason_(std::move(dtype_reason)),
         n_threads_(n_threads),
         cpus_(std::move(cpus)),
         nice_(nice),
@@ -138,6 +145,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return std::string("cpu (oneDNN, ") + dtype_name(dtype_) + " gemm)"; }
   bool host_memory() const override { return true; }
   DType compute_dtype() const override { return dtype_; }
+  DType default_kv_dtype() const override { return kv_default_; }
+  std::string dtype_reason() const override { return dtype_reason_; }
   bool synchronous() const override { return true; }
 
   Buffer alloc(size_t bytes) override {
@@ -323,6 +332,8 @@ class CpuBackend final : public Backend {
   static const float* vec(const Matrix& m) { return dynamic_cast<const CpuVector&>(m).data.data(); }
 
   DType dtype_;
+  DType kv_default_;          // bf16 under bf16 compute, and under a measured f32 one on a bf16 CPU
+  std::string dtype_reason_;  // the measurement behind dtype_, when it was measured
   int n_threads_;          // 0: the process default (or one per core of cpus_)
   std::vector<int> cpus_;  // empty: not pinned
   int nice_;               // the step threads' niceness (0: left as it is)
@@ -343,6 +354,33 @@ void flush_denormals_on_all_threads() {
   flush_denormals_on_this_thread();
 }
 
+// The --dtype auto probe: a prefill step's shape (a 256-token chunk through a 1024 -> 2816
+// projection), ~1.5 GFLOP a run, so the probe costs well under a second even at 20 GFLOP/s.
+constexpr int64_t kProbeRows = 256, kProbeCols = 1024, kProbeOutputs = 2816;
+
+// The best of five timed runs (after one warm-up) of a `dtype` backend's gemm, in GFLOP/s.
+double measure_gemm_gflops(DType dtype, const BackendOptions& options) {
+  CpuBackend b(dtype, options.n_threads, options.cpus, options.nice);
+  std::vector<float> w(static_cast<size_t>(kProbeOutputs * kProbeCols));
+  std::vector<float> x(static_cast<size_t>(kProbeRows * kProbeCols));
+  uint32_t state = 12345;  // any values: only the time is used
+  for (float& v : w) v = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
+  for (float& v : x) v = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
+  auto matrix = b.make_matrix(w.data(), kProbeOutputs, kProbeCols, MatrixUse::kGemm);
+  Buffer xb, yb;
+  const Tensor xt = b.alloc_tensor(kProbeRows, kProbeCols, DType::kF32, &xb);
+  const Tensor yt = b.alloc_tensor(kProbeRows, kProbeOutputs, DType::kF32, &yb);
+  b.upload(xt.data, x.data(), x.size() * sizeof(float));
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    b.gemm(xt, *matrix, nullptr, yt, false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rep > 0) best = std::min(best, s);
+  }
+  return 2.0 * kProbeRows * kProbeCols * kProbeOutputs / best * 1e-9;
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::string* error) {
@@ -359,7 +397,18 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options, std::st
   // Without native bf16 the oneDNN bf16 path is emulated and slower than f32: use f32.
   if (dtype == DType::kBF16 && !cpu_has_bf16()) dtype = DType::kF32;
   flush_denormals_on_all_threads();
-  return std::make_unique<CpuBackend>(dtype, options.n_threads, options.cpus, options.nice);
+  std::string reason;
+  if (options.measure_dtype && dtype == DType::kBF16) {
+    const double bf16 = measure_gemm_gflops(DType::kBF16, options);
+    const double f32 = measure_gemm_gflops(DType::kF32, options);
+    if (f32 > bf16) dtype = DType::kF32;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "measured a %ldx%ldx%ld gemm: bf16 %.0f GFLOP/s, f32 %.0f GFLOP/s",
+                  static_cast<long>(kProbeRows), static_cast<long>(kProbeCols), static_cast<long>(kProbeOutputs), bf16, f32);
+    reason = buf;
+  }
+  return std::make_unique<CpuBackend>(dtype, options.n_threads, options.cpus, options.nice,
+                                      options.measure_dtype && cpu_has_bf16() ? DType::kBF16 : DType::kF32, reason);
 }
 
 }  // namespace baton
