@@ -75,6 +75,8 @@ class GgufFile {
   static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
   // Parses an in-memory copy of a file (tests, fuzzing). `bytes` is copied.
   static Result<std::unique_ptr<GgufFile>> parse(std::span<const uint8_t> bytes);
+  // Whether the bytes are a file mapping (open), not a copy in memory (parse).
+  bool mapped() const { return mapping_ != nullptr; }
 
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;

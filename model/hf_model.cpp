@@ -221,6 +221,9 @@ class HfModelSource final : public ModelSource {
     if (it == tensors_.end()) return std::nullopt;
     return it->second;
   }
+  void release(std::string_view name) const override {  // every file is mapped (SafetensorsFile::open)
+    if (const auto it = tensors_.find(std::string(name)); it != tensors_.end()) release_mapped_pages(it->second.data);
+  }
 
   static Result<std::unique_ptr<ModelSource>> open(const fs::path& dir) {
     auto src = std::unique_ptr<HfModelSource>(new HfModelSource());

@@ -148,15 +148,22 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const ModelSource& f,
       dense.insert(dense.end(), values.begin(), values.end());
     }
   }
+  // The backend keeps its own copies (packed, repacked or uploaded): the file's pages can go.
+  const auto release = [&] {
+    for (const auto& part : parts) f.release(part.first);
+  };
   if (native) {
     const float* keep_dense = weights_ == Weights::kNativeAndDense ? dense.data() : nullptr;
     if (auto m = backend_.make_quantized_matrix(quantized, cols, keep_dense)) {
       ++n_native_;
+      release();
       return m;
     }
   }
   ++n_dense_;
-  return backend_.make_matrix(dense.data(), rows, cols, MatrixUse::kGemm);
+  auto m = backend_.make_matrix(dense.data(), rows, cols, MatrixUse::kGemm);
+  release();
+  return m;
 }
 
 Status Model::load_weights(const ModelSource& f, const LoadProgress& progress) {
@@ -176,6 +183,7 @@ Status Model::load_weights(const ModelSource& f, const LoadProgress& progress) {
   tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
   embd = {};
   BATON_ASSIGN_OR_RETURN(lm_head_, load_gemm(f, {{c.tied_output ? "token_embd.weight" : "output.weight", c.n_vocab}}, c.dim));
+  if (!c.tied_output) f.release("token_embd.weight");
   BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, tensor("output_norm.weight", 1, c.dim));
   out_norm_ = be.make_matrix(onorm.data(), 1, c.dim, MatrixUse::kVector);
 

@@ -1,6 +1,21 @@
 #include "model/model_source.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+
 namespace baton {
+
+void release_mapped_pages(std::span<const uint8_t> data) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data.data()) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data.data()) + data.size()) / page * page;
+  // Pages shared with a neighbouring tensor stay; that one releases them. Advice only: a failure
+  // leaves the pages resident, which is what happened before.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 namespace {
 
 class GgufModelSource final : public ModelSource {
@@ -14,6 +29,10 @@ class GgufModelSource final : public ModelSource {
     const GgufTensorInfo* t = file_.tensor(name);
     if (t == nullptr) return std::nullopt;
     return SourceTensor{t->type, t->dims, file_.tensor_data(*t)};
+  }
+  void release(std::string_view name) const override {
+    const GgufTensorInfo* t = file_.tensor(name);
+    if (t != nullptr && file_.mapped()) release_mapped_pages(file_.tensor_data(*t));
   }
 
  private:

@@ -31,7 +31,14 @@ class ModelSource {
   // A short digest of the config and the weights' layout and first bytes: workers refuse KV and
   // requests of another fingerprint.
   virtual const std::string& fingerprint() const = 0;
+  // Called by the loader once it has converted tensor `name` into the backend's own copy: a
+  // source that maps a file drops the tensor's pages from this process's memory (a later read
+  // faults them in again), so the file does not sit in the resident set beside the copy.
+  virtual void release(std::string_view name) const {}
 };
+
+// Drops the whole pages inside `data`, a read-only file mapping's bytes, from the resident set.
+void release_mapped_pages(std::span<const uint8_t> data);
 
 // A GGUF file as a ModelSource; the file must outlive it. Errors are model_config_from_gguf's.
 Result<std::unique_ptr<ModelSource>> gguf_model_source(const GgufFile& file);

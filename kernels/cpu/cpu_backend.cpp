@@ -20,6 +20,7 @@
 #include "common/check.h"
 #include "common/cpu_set.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/half.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/quant_gemm.h"
 
@@ -62,6 +63,17 @@ class CpuVector final : public Matrix {
   CpuVector(const float* host, int64_t rows, int64_t cols)
       : Matrix(rows, cols), data(host, host + rows * cols) {}
   std::vector<float> data;
+};
+
+// An embedding table held in bf16 under bf16 compute: half the bytes of f32 (a 128K-token
+// vocabulary at width 2048 is 1 GiB in f32); a gathered row widens to f32 exactly.
+class CpuBf16Table final : public Matrix {
+ public:
+  CpuBf16Table(const float* host, int64_t rows, int64_t cols)
+      : Matrix(rows, cols), data(static_cast<size_t>(rows * cols)) {
+    for (size_t i = 0; i < data.size(); ++i) data[i] = fp32_to_bf16(host[i]);
+  }
+  std::vector<uint16_t> data;
 };
 
 // A gemm weight [N, K] packed by oneDNN into the layout its matmul prefers for the dtype.
@@ -163,6 +175,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   std::unique_ptr<Matrix> make_matrix(const float* host, int64_t rows, int64_t cols, MatrixUse use) override {
+    if (use == MatrixUse::kTable && dtype_ == DType::kBF16) return std::make_unique<CpuBf16Table>(host, rows, cols);
     if (use != MatrixUse::kGemm) return std::make_unique<CpuVector>(host, rows, cols);
     auto m = std::make_unique<CpuGemmMatrix>(rows, cols);
     m->dtype = dtype_ == DType::kBF16 ? dt::bf16 : dt::f32;
@@ -281,6 +294,16 @@ class CpuBackend final : public Backend {
     cpu::rms_norm(x, vec(w), eps, out);
   }
   void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) override {
+    if (const auto* t = dynamic_cast<const CpuBf16Table*>(&table)) {
+      const int64_t dim = table.cols();
+      BATON_CHECK(out.rows == n && out.cols == dim, "embed shape mismatch");
+      for (int64_t r = 0; r < n; ++r) {
+        const uint16_t* row = t->data.data() + static_cast<size_t>(ids[r]) * static_cast<size_t>(dim);
+        float* dst = out.f32() + r * out.ld;
+        for (int64_t c = 0; c < dim; ++c) dst[c] = bf16_to_fp32(row[c]);
+      }
+      return;
+    }
     cpu::embed(vec(table), table.cols(), ids, n, out);
   }
   void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim, const RopeConfig& r) override {
