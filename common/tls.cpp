@@ -227,8 +227,29 @@ bool is_loopback_address(const std::string& address) {
   } else if (std::count(host.begin(), host.end(), ':') == 1) {
     host = host.substr(0, host.find(':'));
   }
-  if (host == "localhost" || host == "::1") return true;
-  return host.rfind("127.", 0) == 0;
+  if (host.empty()) return false;
+  // A numeric address is judged as it is; a name by every address it resolves to, so that
+  // "127.example.com" is not loopback, and a name that resolves to nothing is not either.
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return ntohl(v4.s_addr) >> 24 == 127;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  bool loopback = true;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      loopback = loopback && ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24 == 127;
+    } else if (a->ai_family == AF_INET6) {
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    } else {
+      loopback = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return loopback;
 }
 
 bool is_loopback_peer(const std::string& peer) {

@@ -87,8 +87,10 @@ std::string peer_host(const std::string& peer);
 // resolve.
 std::vector<std::string> peer_hosts_of(const std::string& address);
 
-// True for 127.0.0.0/8, ::1 and localhost (with a port or not) and unix: sockets: addresses only
-// this host can reach. 0.0.0.0 and [::] listen on every interface.
+// True for 127.0.0.0/8, ::1, a name that resolves only to those (localhost), with a port or not,
+// and unix: sockets: addresses only this host can reach. Judged on the address, never on how a
+// name begins ("127.example.com" is whatever it resolves to). 0.0.0.0 and [::] listen on every
+// interface.
 bool is_loopback_address(const std::string& address);
 // True when a caller (context.peer(): "ipv4:127.0.0.1:5", "ipv6:[::1]:5", "unix:...") is on this
 // host, over loopback or a unix socket.

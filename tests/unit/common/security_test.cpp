@@ -90,8 +90,10 @@ TEST_CASE("loopback addresses are those only this host can reach", "[security]")
                         "unix:/tmp/baton.sock"}) {
     CHECK(is_loopback_address(a));
   }
+  // A name is judged by what it resolves to, not by how it begins (127.example.com resolves to
+  // nothing here; to a public address in a real DNS, it would be no loopback either).
   for (const char* a : {"0.0.0.0:50051", "[::]:50051", "10.0.0.7:50051", "baton-decode:50051", "example.com:443",
-                        "[2001:db8::1]:1", "128.0.0.1:5"}) {
+                        "[2001:db8::1]:1", "128.0.0.1:5", "127.example.com:443", "127.0.0.1.invalid", "[::ffff:10.0.0.1]:1"}) {
     CHECK_FALSE(is_loopback_address(a));
   }
 }
