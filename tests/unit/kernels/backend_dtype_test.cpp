@@ -10,7 +10,7 @@
 
 using namespace baton;
 
-TEST_CASE("--dtype auto measures the gemm and says what it chose and why") {
+TEST_CASE("dtype auto measures the gemm and says what it chose and why") {
   BackendOptions o;
   o.measure_dtype = true;
   std::string error;

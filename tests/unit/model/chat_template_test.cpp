@@ -92,7 +92,7 @@ TEST_CASE("templates baton cannot use are refused at load, naming --chat-templat
   CHECK_THAT(broken.status().message(), Catch::Contains("cannot render a one-message chat"));
 }
 
-TEST_CASE("--chat-template FILE reads a Jinja file; anything else is a built-in's name") {
+TEST_CASE("the chat-template flag reads a Jinja file, and takes anything else as a built-in name") {
   const auto path = std::filesystem::temp_directory_path() / ("baton_template_" + std::to_string(std::random_device()()) + ".jinja");
   std::ofstream(path) << "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}\n";
   auto from_file = ChatTemplate::from_flag(path.string(), {});
