@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <openssl/evp.h>
+
 #include <chrono>
+#include <random>
 
 namespace baton {
 
@@ -102,7 +105,33 @@ void PublicCall::on_failover(const std::string& reason, const Status&) {
   if (fc_.metrics) fc_.metrics->request_failovers_total.Add({{"reason", reason}}).Increment();
 }
 
-void PublicCall::on_end(const Status& status, const PipelineOutcome& o) {
+namespace {
+
+// What a client is told of a worker: "prefill-" or "decode-" and 8 hex digits of SHA-256 over a
+// salt drawn once per process and the address. The same worker gets the same label for the
+// frontend's life (clients can tell which requests shared one), and the label gives nothing of
+// the address away; the logs (req=..., attempt ...) name the addresses for operators.
+std::string worker_label(const char* role, const std::string& address) {
+  if (address.empty()) return "";  // no such worker (a decode worker prefilled locally)
+  static const uint64_t salt = std::random_device()() * (uint64_t{1} << 32) ^ std::random_device()();
+  std::string input(reinterpret_cast<const char*>(&salt), sizeof salt);
+  input += address;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(input.data(), input.size(), digest, &n, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string label = std::string(role) + "-";
+  for (int i = 0; i < 4; ++i) label += {kHex[digest[i] >> 4], kHex[digest[i] & 15]};
+  return label;
+}
+
+}  // namespace
+
+void PublicCall::on_end(const Status& status, const PipelineOutcome& outcome) {
+  // Responses name workers by label, never by address (Timing, the OpenAI `baton` extension).
+  PipelineOutcome o = outcome;
+  o.prefill_address = worker_label("prefill", outcome.prefill_address);
+  o.decode_address = worker_label("decode", outcome.decode_address);
   count_end(status);
   if (!status.ok()) {
     spdlog::info("req={} ended: {}", spec_.request_id, status.to_string());

@@ -20,6 +20,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import signal
 import ssl
 import subprocess
@@ -93,7 +94,9 @@ def check_timing(baton):
     assert t["prefill_seconds"] > 0 and t["ttft_seconds"] > 0
     assert t["ttft_seconds"] >= t["queue_seconds"] + t["prefill_seconds"] - 1e-6, t
     assert t["e2e_seconds"] >= t["ttft_seconds"], t
-    assert baton["prefill_worker"] and baton["decode_worker"], baton
+    # Labels, not addresses (no host, no port reaches a public client).
+    assert re.fullmatch(r"prefill-[0-9a-f]{8}", baton["prefill_worker"]), baton
+    assert re.fullmatch(r"decode-[0-9a-f]{8}", baton["decode_worker"]), baton
 
 
 def random_ids(rng, n):

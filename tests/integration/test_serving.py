@@ -6,6 +6,7 @@ valid Prometheus text whose counts match the requests sent."""
 import concurrent.futures
 import os
 import random
+import re
 import subprocess
 import threading
 import time
@@ -239,7 +240,9 @@ def test_timing_breakdown_is_consistent(pb, shared_server):
     assert t.ttft_seconds >= t.queue_seconds + t.prefill_seconds - 1e-6
     assert t.e2e_seconds >= t.ttft_seconds
     assert t.prefill_seconds > 0 and t.kv_transfer_seconds > 0
-    assert final.prefill_worker and final.decode_worker
+    # Workers are named by label, never by address: the topology is not for public clients.
+    assert re.fullmatch(r"prefill-[0-9a-f]{8}", final.prefill_worker), final.prefill_worker
+    assert re.fullmatch(r"decode-[0-9a-f]{8}", final.decode_worker), final.decode_worker
     assert len(msgs[0].token_ids) == 1  # the first token comes alone, straight from the prefill worker
 
 
