@@ -129,7 +129,8 @@ def test_decode_worker_killed_mid_stream_costs_no_request(pb, server_factory, fa
     same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, max_tokens, killed_at)
     moved = [s for s in streams if s.final.timing.failovers > 0]
     assert moved, "no stream was on the killed decode worker"
-    assert all(s.final.decode_worker == decode[1].address for s in moved)
+    # Every stream ends on the surviving worker (none finished before the kill): one label for all.
+    assert len({s.final.decode_worker for s in streams}) == 1, {s.final.decode_worker for s in streams}
     assert failovers(front, "decode") >= len(moved)
     gaps = [next(t for t in s.times if t >= killed_at) - killed_at for s in moved if s.times[-1] >= killed_at]
     print(f"{len(moved)} of 8 streams failed over ({same_seeded} of {n_seeded} seeded ones identical); "
@@ -154,7 +155,8 @@ def test_prefill_worker_killed_while_prefilling_costs_no_request(pb, server_fact
     assert_same_as_undisturbed(streams, reference, max_tokens, killed_at)
     moved = [s for s in streams if s.final.timing.failovers > 0]
     assert moved, "no prompt was on the killed prefill worker when it died"
-    assert all(s.final.prefill_worker == prefill[1].address for s in moved)
+    # The moved prompts were prefilled again on the surviving worker: one label for all of them.
+    assert len({s.final.prefill_worker for s in moved}) == 1, {s.final.prefill_worker for s in moved}
     assert failovers(front, "prefill") + failovers(front, "kv_handoff") >= len(moved)
     assert wait_blocks_free(decode[0]), "KV blocks on the decode worker did not return"
 
