@@ -76,7 +76,7 @@ def test_generate_ids_equal_single_process(batonctl, baton_bin, test_model, serv
         ms = r"[0-9.]+ ms"
         assert re.search(rf"^queue {ms} \| prefill {ms} \| kv transfer {ms} \| decode queue {ms} \| ttft {ms} \| "
                          rf"e2e {ms}$", err, re.M), err
-        assert re.search(r"^prefill worker 127\.0\.0\.1:\d+ \| decode worker 127\.0\.0\.1:\d+$", err, re.M), err
+        assert re.search(r"^prefill worker prefill-[0-9a-f]{8} \| decode worker decode-[0-9a-f]{8}$", err, re.M), err
 
 
 def test_generate_streams_text(batonctl, shared_server):
