@@ -49,12 +49,23 @@ std::vector<size_t> slice_indices(const Value& start, const Value& stop, const V
   return out;
 }
 
-const Value* kwarg(const std::vector<std::pair<std::string, Value>>& kwargs, std::string_view name) {
-  for (const auto& [k, v] : kwargs) {
-    if (k == name) return &v;
+// A call's or a filter's arguments, evaluated: positional ones, then keyword ones.
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+
+  // The keyword argument `name`, or undefined.
+  Value named(std::string_view name) const {
+    for (const auto& [k, v] : keyword) {
+      if (k == name) return v;
+    }
+    return Value();
   }
-  return nullptr;
-}
+  // Parameter `i` of the callee, called `name`: given by position or by keyword, else undefined.
+  Value operator()(size_t i, std::string_view name) const {
+    return i < positional.size() ? positional[i] : named(name);
+  }
+};
 
 std::string require_string(const Value& v, const char* what) {
   if (!v.is_string()) error(std::string(what) + " must be a string, not " + v.type_name());
@@ -342,27 +353,18 @@ class Renderer {
     return Value(r != 0 && ((r < 0) != (fy < 0)) ? r + fy : r);
   }
 
-  std::vector<Value> args_of(const Expr& e, size_t from) {
-    std::vector<Value> args;
-    for (size_t i = from; i < e.args.size(); ++i) args.push_back(eval(*e.args[i]));
-    return args;
-  }
-
-  std::vector<std::pair<std::string, Value>> kwargs_of(const Expr& e) {
-    std::vector<std::pair<std::string, Value>> kwargs;
-    for (const auto& [k, v] : e.kwargs) kwargs.emplace_back(k, eval(*v));
-    return kwargs;
+  // The arguments of a call, filter or test node: args[from..] and its keyword arguments.
+  CallArgs call_args(const Expr& e, size_t from) {
+    CallArgs a;
+    for (size_t i = from; i < e.args.size(); ++i) a.positional.push_back(eval(*e.args[i]));
+    for (const auto& [k, v] : e.kwargs) a.keyword.emplace_back(k, eval(*v));
+    return a;
   }
 
   Value call(const Expr& e) {
     const Expr& callee = *e.args[0];
-    std::vector<Value> args = args_of(e, 1);
-    auto kwargs = kwargs_of(e);
-    const auto arg = [&](size_t i, std::string_view name) -> Value {
-      if (i < args.size()) return args[i];
-      const Value* v = kwarg(kwargs, name);
-      return v != nullptr ? *v : Value();
-    };
+    const CallArgs arg = call_args(e, 1);
+    const std::vector<Value>& args = arg.positional;
     if (callee.kind == Expr::Kind::kName) {
       const std::string& f = callee.name;
       if (f == "raise_exception") {
@@ -373,7 +375,7 @@ class Renderer {
       if (f == "namespace" || f == "dict") {
         Dict entries;
         if (!args.empty() && args[0].is_dict()) entries = args[0].entries();
-        for (auto& [k, v] : kwargs) entries.emplace_back(k, std::move(v));
+        entries.insert(entries.end(), arg.keyword.begin(), arg.keyword.end());
         return f == "namespace" ? Value::name_space(std::move(entries)) : Value::dict(std::move(entries));
       }
       if (f == "range") {
@@ -398,11 +400,10 @@ class Renderer {
       const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &local);
       return Value(std::string(buf, n));
     }
-    return method(eval(*callee.args[0]), callee.name, args, arg);
+    return method(eval(*callee.args[0]), callee.name, arg);
   }
 
-  template <typename Arg>
-  Value method(const Value& obj, const std::string& name, const std::vector<Value>& args, Arg arg) {
+  Value method(const Value& obj, const std::string& name, const CallArgs& arg) {
     if (obj.is_string()) {
       const std::string& s = obj.str();
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -474,7 +475,7 @@ class Renderer {
         const Value key = arg(0, "key");
         const Value* v = key.is_string() ? obj.find(key.str()) : nullptr;
         if (v != nullptr) return *v;
-        return args.size() > 1 ? args[1] : Value::none();
+        return arg.positional.size() > 1 ? arg.positional[1] : Value::none();
       }
     }
     if (obj.is_undefined()) error("a method '" + name + "' called on an undefined value");
@@ -495,13 +496,8 @@ class Renderer {
 
   Value filter(const Expr& e) {
     const Value v = eval(*e.args[0]);
-    std::vector<Value> args = args_of(e, 1);
-    auto kwargs = kwargs_of(e);
-    const auto arg = [&](size_t i, std::string_view name) -> Value {
-      if (i < args.size()) return args[i];
-      const Value* found = kwarg(kwargs, name);
-      return found != nullptr ? *found : Value();
-    };
+    const CallArgs arg = call_args(e, 1);
+    const std::vector<Value>& args = arg.positional;
     const std::string& f = e.name;
     if (f == "trim") {
       const Value chars = arg(0, "chars");
@@ -574,10 +570,8 @@ class Renderer {
       return v;
     }
     if (f == "replace") {
-      std::vector<Value> margs = {arg(0, "old"), arg(1, "new")};
-      if (!arg(2, "count").is_undefined()) margs.push_back(arg(2, "count"));
-      auto marg = [&](size_t i, std::string_view) { return i < margs.size() ? margs[i] : Value(); };
-      return method(Value(v.to_string()), "replace", margs, marg);
+      CallArgs replace{{arg(0, "old"), arg(1, "new"), arg(2, "count")}, {}};
+      return method(Value(v.to_string()), "replace", replace);
     }
     if (f == "list") return Value::list(v.iterate());
     if (f == "reverse") {
@@ -633,7 +627,7 @@ class Renderer {
       return Value::list(std::move(out));
     }
     // map(attribute=...) or map('filter'): only attribute lookups and the string filters.
-    const Value attr = arg(99, "attribute");
+    const Value attr = arg.named("attribute");
     List out;
     for (const Value& item : v.iterate()) {
       if (!attr.is_undefined()) {
@@ -651,7 +645,7 @@ class Renderer {
   }
 
   bool test(const std::string& name, const Value& v, const Expr& e, size_t first_arg) {
-    return test_values(name, v, args_of(e, first_arg));
+    return test_values(name, v, call_args(e, first_arg).positional);
   }
 
   static bool test_values(const std::string& name, const Value& v, const std::vector<Value>& args) {
