@@ -194,27 +194,12 @@ GgmlTypeTraits ggml_type_traits(GgmlType type) {
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return not_found("cannot open model file '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument("model path '" + path + "' is not a regular file");
-  }
+  BATON_ASSIGN_OR_RETURN(auto mapping, FileMapping::open(path, "model file '" + path + "'"));
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {
-    void* m = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      return invalid_argument("cannot map model file '" + path + "': " + std::strerror(err));
-    }
-    file->mapping_ = m;
-    file->data_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
+  file->data_ = mapping->data();
+  file->size_ = mapping->size();
+  file->mapping_ = std::move(mapping);
   Status s = file->parse_all();
   if (!s.ok()) return Status(s.code(), "'" + path + "': " + s.message());
   return file;
@@ -228,10 +213,6 @@ Result<std::unique_ptr<GgufFile>> GgufFile::parse(std::span<const uint8_t> bytes
   file->size_ = file->owned_.size();
   BATON_RETURN_IF_ERROR(file->parse_all());
   return file;
-}
-
-GgufFile::~GgufFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, size_);
 }
 
 Status GgufFile::parse_all() {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/file_mapping.h"
 
 namespace baton {
 
@@ -78,7 +79,7 @@ class GgufFile {
   // Whether the bytes are a file mapping (open), not a copy in memory (parse).
   bool mapped() const { return mapping_ != nullptr; }
 
-  ~GgufFile();
+  ~GgufFile() = default;
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
@@ -111,7 +112,7 @@ class GgufFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;          // mmap'ed region (open) or null
+  std::unique_ptr<FileMapping> mapping_;  // the mapped file (open), or null (parse)
   std::vector<uint8_t> owned_;       // copied bytes (parse)
   uint32_t version_ = 0;
   std::unordered_map<std::string, GgufValue> kv_;

@@ -31,27 +31,12 @@ bool dtype_of(const std::string& dtype, GgmlType* type, uint64_t* bytes) {
 }  // namespace
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return not_found("cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument("'" + path + "' is not a regular file");
-  }
+  BATON_ASSIGN_OR_RETURN(auto mapping, FileMapping::open(path, "'" + path + "'"));
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {
-    void* m = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return invalid_argument("cannot map '" + path + "': " + std::strerror(err));
-    }
-    file->mapping_ = m;
-    file->data_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
+  file->data_ = mapping->data();
+  file->size_ = mapping->size();
+  file->mapping_ = std::move(mapping);
   if (Status s = file->parse_header(); !s.ok()) return Status(s.code(), "'" + path + "': " + s.message());
   return file;
 }
@@ -65,10 +50,6 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::span<const 
   file->size_ = file->owned_.size();
   if (Status s = file->parse_header(); !s.ok()) return Status(s.code(), "'" + name + "': " + s.message());
   return file;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, size_);
 }
 
 Status SafetensorsFile::parse_header() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/file_mapping.h"
 #include "model/gguf.h"
 
 namespace baton {
@@ -31,7 +32,7 @@ class SafetensorsFile {
   // The same over an in-memory copy (tests, fuzzing); `bytes` is copied.
   static Result<std::unique_ptr<SafetensorsFile>> parse(std::span<const uint8_t> bytes, const std::string& name);
 
-  ~SafetensorsFile();
+  ~SafetensorsFile() = default;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -46,7 +47,7 @@ class SafetensorsFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;     // mmap'ed region (open) or null
+  std::unique_ptr<FileMapping> mapping_;  // the mapped file (open), or null (parse)
   std::vector<uint8_t> owned_;  // copied bytes (parse)
   std::map<std::string, SafetensorInfo> tensors_;
 };

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-180}"
 out=fuzz-out
 mkdir -p "$out/corpus"
-srcs=(common/check.cpp common/status.cpp model/gguf.cpp model/config.cpp model/tokenizer.cpp model/tokenizer_vocab.cpp
+srcs=(common/check.cpp common/status.cpp model/file_mapping.cpp model/gguf.cpp model/config.cpp model/tokenizer.cpp model/tokenizer_vocab.cpp
       model/utf8.cpp tests/fuzz/gguf_fuzz.cpp)
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
   $(pkg-config --cflags libpcre2-8) "${srcs[@]}" $(pkg-config --libs libpcre2-8) -o "$out/gguf_fuzz"
