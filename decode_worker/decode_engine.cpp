@@ -248,6 +248,9 @@ DecodeLoad DecodeEngine::load() const {
   l.n_running = static_cast<int32_t>(running_.size());
   l.n_waiting = n_waiting_;
   l.local_prefill_max_tokens = config_.local_prefill_max_tokens;
+  for (const SeqPtr& seq : prefilling_) l.queued_prompt_tokens += seq->admit.n_prompt_tokens - seq->n_prefilled;
+  l.step_seconds = step_stats_.slowest_step_seconds(DecodeClock::now());
+  l.prefill_tokens_per_second = step_stats_.prompt_tokens_per_second();
   return l;
 }
 
@@ -311,6 +314,9 @@ void DecodeEngine::run() {
     step(batch, prefills, &sampled);
     lk.lock();
     const auto step_end = DecodeClock::now();
+    int64_t step_prompt_tokens = 0;
+    for (const PrefillSlice& p : prefills) step_prompt_tokens += p.n;
+    step_stats_.add_step(step_end, seconds_between(step_start, step_end), step_prompt_tokens);
     // Prompts prefilled here: the chunk's KV is in, and a finished prompt's first token sampled
     // (after the decode sequences' samples, in slice order).
     size_t next_sample = batch.size();

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/step_stats.h"
 #include "kernels/backend.h"
 #include "kv/block_pool.h"
 #include "kv/kv_transfer.h"
@@ -114,6 +115,9 @@ struct DecodeLoad {
   int32_t n_running = 0;  // KV complete: generating (in the step, or waiting for one of max_batch slots)
   int32_t n_waiting = 0;  // admitted, KV not yet complete (or not yet prefilled here)
   int32_t local_prefill_max_tokens = 0;  // DecodeConfig's: the longest prompt this worker prefills
+  int64_t queued_prompt_tokens = 0;      // local prefill: prompt tokens admitted here, not yet prefilled
+  double step_seconds = 0;               // the slowest recent step (common/step_stats.h)
+  double prefill_tokens_per_second = 0;  // local prefill: prompt tokens per second of its steps (0: none yet)
 };
 
 class DecodeEngine final : public KvReceiver {
@@ -212,6 +216,7 @@ class DecodeEngine final : public KvReceiver {
   int n_waiting_ = 0;                   // sequences in kWaitingKv or kPrefilling (guarded)
   bool work_ = false;                   // something changed that the engine thread must look at (guarded)
   DecodeClock::time_point beat_ = DecodeClock::now();  // the loop's last turn (guarded)
+  StepStats step_stats_;                                // (guarded)
   bool in_wait_ = false;                                // the loop waits for work (guarded)
   bool started_ = false;
   bool stopping_ = false;  // stop() called: refuse new work

@@ -59,6 +59,9 @@ void to_proto(const DecodeLoad& l, const Model& model, bool draining, DType kv_d
   r->set_running(l.n_running);
   r->set_draining(draining);
   r->set_local_prefill_max_tokens(l.local_prefill_max_tokens);
+  r->set_queued_prompt_tokens(l.queued_prompt_tokens);
+  r->set_step_seconds(l.step_seconds);
+  r->set_prefill_tokens_per_second(l.prefill_tokens_per_second);
   model_info_to_proto(c.name, c, model.fingerprint(), "", r->mutable_model());
   for (const std::string& t : kv_transports) r->add_kv_transports(t);
   worker_identity_to_proto(dtype_name(kv_dtype), r);

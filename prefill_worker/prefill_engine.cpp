@@ -274,6 +274,8 @@ PrefillLoad PrefillEngine::load() const {
   l.n_sending = n_sending_locked();
   l.free_blocks = blocks_.n_free();
   l.total_blocks = blocks_.n_total();
+  l.step_seconds = step_stats_.slowest_step_seconds(Clock::now());
+  l.prefill_tokens_per_second = step_stats_.prompt_tokens_per_second();
   l.prefix_cache_blocks = blocks_.max_cached();
   l.n_cached_blocks = blocks_.n_cached();
   l.prefix_hash_seed = hash_seed_;
@@ -441,6 +443,7 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     };
   }
   std::vector<int32_t> first_tokens;
+  const Clock::time_point step_start = Clock::now();
   model_.forward_sample(batch_, *cache_, specs, &first_tokens, layer_done);
   const Clock::time_point done = Clock::now();
   n_steps_++;
@@ -448,6 +451,7 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   for (size_t i = 0; i < finished.size(); ++i) finished[i]->first_token = first_tokens[i];
   {
     std::lock_guard<std::mutex> lock(mu_);
+    step_stats_.add_step(done, seconds_between(step_start, done), batch_.n_tokens());
     for (const Slice& s : slices) {
       s.job->n_done += s.n;
       s.job->kv_done = s.job->kv_step_end;
@@ -459,6 +463,19 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   }
   kv_cv_.notify_all();
 
+  // Progress, for the frontend's watchdog: the prompts that go on in the next step, and those still
+  // waiting for one (they hear that the worker moves, if not yet for them).
+  std::vector<std::pair<std::shared_ptr<Job>, int32_t>> moving;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Slice& s : slices) {
+      if (s.start + s.n < s.job->n_tokens()) moving.emplace_back(s.job, s.start + s.n);
+    }
+    for (const auto& job : waiting_) moving.emplace_back(job, 0);
+  }
+  for (const auto& [job, n_done] : moving) {
+    if (!job->cancelled && job->spec.on_progress) job->spec.on_progress(n_done);
+  }
   // TTFT does not wait for the KV: the first token goes out before the rest of the hand-off, and
   // before on_done. A prompt whose logits are not finite gets no first token: it ends INTERNAL,
   // and its transfer is abandoned.

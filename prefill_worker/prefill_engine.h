@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/step_stats.h"
 #include "kv/prefix_cache.h"
 #include "kv/kv_transfer.h"
 #include "model/model.h"
@@ -94,6 +95,11 @@ struct PrefillJob {
   // came from the prefix cache (not computed).
   std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds, int32_t n_cached_tokens)>
       on_first_token;
+  // Called on the engine thread after each step while the prompt is not finished: with the
+  // positions done so far after a chunk of it (a long prompt), with 0 while it waits for a step.
+  // The frontend's progress watchdog (scheduler/progress_watch.h) hears that the worker moves.
+  // May be empty.
+  std::function<void(int32_t n_done)> on_progress;
   // Called exactly once for every accepted job, last: ok when the decode worker acknowledged the
   // whole KV; otherwise the transport's error, CANCELLED, or UNAVAILABLE at shutdown. Runs on the
   // engine thread, a sender thread, or (cancel of a queued job) the thread calling cancel().
@@ -110,6 +116,8 @@ struct PrefillLoad {
   int n_sending = 0;                 // jobs whose KV is being exported or sent
   int free_blocks = 0;               // blocks no job holds: empty, or cached and idle (taken on demand)
   int total_blocks = 0;
+  double step_seconds = 0;               // the slowest recent step (common/step_stats.h)
+  double prefill_tokens_per_second = 0;  // prompt tokens its steps computed per second (0: none yet)
   // The prefix cache: its bound (0: none), blocks in it, its hash chain's root
   // (kv/prefix_hash.h), and the hashes of up to prefix_report_blocks cached blocks, in use first,
   // then most recently used first.
@@ -222,6 +230,7 @@ class PrefillEngine {
   bool stopping_ = false;                                       // guarded by mu_
   bool senders_stop_ = false;                                   // guarded by mu_
   Clock::time_point beat_ = Clock::now();                       // the loop's last turn; guarded by mu_
+  StepStats step_stats_;                                        // guarded by mu_
   bool in_wait_ = false;                                        // the loop waits for work; guarded by mu_
 
   std::atomic<int64_t> n_steps_{0};

@@ -23,7 +23,8 @@ Status check_ids(const google::protobuf::RepeatedField<int32_t>& ids, const char
 
 // One Prefill call. The engine's callbacks point at this reactor, so it finishes the call only
 // after on_done (the engine's last call for the job); OnDone, which follows Finish, deletes it.
-// Events are written one at a time, in order: FirstToken, then KvSent.
+// Events are written one at a time, in order: Progress (for each chunk of a long prompt), then
+// FirstToken, then KvSent.
 class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillEvent> {
  public:
   PrefillReactor(PrefillEngine& engine, const Model& model, const baton::v1::PrefillRequest& request, bool draining)
@@ -42,6 +43,7 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       job.on_first_token = [this](int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
         on_first_token(token, queue_s, prefill_s, n_cached);
       };
+      job.on_progress = [this](int32_t n_done) { on_progress(n_done); };
       job.on_done = [this](const Status& status, double transfer_s, int64_t bytes) {
         on_done(status, transfer_s, bytes);
       };
@@ -129,6 +131,21 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       ft->set_queue_seconds(queue_s);
       ft->set_prefill_seconds(prefill_s);
       ft->set_cached_tokens(n_cached);
+      next = claim_locked();
+    }
+    perform(this, next);
+  }
+
+  // A chunk of the prompt is done. Queued behind an unwritten one, it replaces it: the frontend
+  // needs the latest, not each.
+  void on_progress(int32_t n_done) {
+    Next next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_) return;
+      const bool replace = events_.size() > (writing_ ? 1u : 0u) && events_.back().has_progress();
+      baton::v1::PrefillProgress* p = (replace ? events_.back() : events_.emplace_back()).mutable_progress();
+      p->set_tokens_done(n_done);
       next = claim_locked();
     }
     perform(this, next);
@@ -242,6 +259,8 @@ grpc::ServerUnaryReactor* PrefillService::GetLoad(grpc::CallbackServerContext* c
   response->set_queued_prompt_tokens(load.queued_prompt_tokens);
   response->set_running(load.n_running + load.n_sending);
   response->set_draining(draining_);
+  response->set_step_seconds(load.step_seconds);
+  response->set_prefill_tokens_per_second(load.prefill_tokens_per_second);
   response->set_prefix_cache_blocks(load.prefix_cache_blocks);
   response->set_cached_blocks(load.n_cached_blocks);
   response->set_prefix_hash_seed(load.prefix_hash_seed);

@@ -162,9 +162,12 @@ double RequestPipeline::since_arrival(TimePoint t) const {
 }
 
 void RequestPipeline::start() {
-  Guard g(*this);
-  if (state_ != PipelineState::kNew) return;
-  submit_attempt_locked(g);
+  {
+    Guard g(*this);
+    if (state_ != PipelineState::kNew) return;
+    submit_attempt_locked(g);
+  }
+  if (deps_.watch != nullptr) deps_.watch->add(weak_from_this());
 }
 
 void RequestPipeline::cancel(const Status& why) {
@@ -229,6 +232,7 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
     return;
   }
   attempt_.placement = placement;
+  attempt_.last_progress = deps_.clock->now();
   add_unique(worker_addresses_, placement.prefill_address);
   add_unique(worker_addresses_, placement.decode_address);
   state_ = PipelineState::kAdmitting;
@@ -245,8 +249,17 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
     call.prefill_ids.insert(call.prefill_ids.end(), emitted_.begin(), emitted_.end());
     if (attempt == 0) prefill_sent_ = deps_.clock->now();  // its queue time runs on from the Admit
   }
+  // An Admit answers in milliseconds. The watchdog fails a silent one over after the grace; the
+  // call itself cannot be cancelled, so its deadline is bounded too, well past the grace.
+  CallDeadline admit_deadline = req_.call_deadline;
+  if (deps_.config.progress.enabled) {
+    const ProgressConfig& pc = deps_.config.progress;
+    admit_deadline = std::min(admit_deadline, std::chrono::system_clock::now() +
+                                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                                      std::chrono::duration<double>(2 * pc.slack * pc.grace_seconds)));
+  }
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
-  deps_.client->admit(placement.decode_address, call, req_.call_deadline,
+  deps_.client->admit(placement.decode_address, call, admit_deadline,
                       [weak, attempt, client = deps_.client, addr = placement.decode_address,
                        id = attempt_.id](const Status& s) {
                         // Admitted for an attempt that is gone: the reservation is nobody's.
@@ -288,6 +301,7 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
     return true;
   }
   attempt_.admitted = true;
+  attempt_.last_progress = deps_.clock->now();
   g.after([s = deps_.scheduler, id = attempt_.id] { s->decode_admitted(id); });
   state_ = PipelineState::kPrefilling;
   open_worker_calls_locked();
@@ -328,6 +342,8 @@ void RequestPipeline::open_worker_calls_locked() {
 void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u) {
   Guard g(*this);
   if (!current(attempt)) return;
+  attempt_.last_progress = deps_.clock->now();
+  if (u.kind == PrefillUpdate::Kind::kProgress) return;  // (the time above is all it brings)
   if (u.kind == PrefillUpdate::Kind::kKvSent) {
     kv_transfer_s_ = u.transfer_seconds;
     kv_sent_reported_ = true;
@@ -387,6 +403,7 @@ void RequestPipeline::on_prefill_done(int32_t attempt, const Status& status) {
 void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   Guard g(*this);
   if (!current(attempt)) return;
+  attempt_.last_progress = deps_.clock->now();
   if (u.decode_queue_seconds > 0) decode_queue_s_ = u.decode_queue_seconds;
   // The prefill worker's figure (first token → KV acknowledged) is the hand-off's cost to the
   // request; the decode worker's (first byte → last, which overlaps the prefill when the KV
@@ -430,6 +447,81 @@ void RequestPipeline::on_decode_done(int32_t attempt, const Status& status) {
   }
   report_fault(WorkerRole::kDecode, addr, status);
   failover_locked(g, "decode", "the decode worker", status);
+}
+
+ProgressInputs RequestPipeline::progress_inputs_locked() const {
+  using Phase = ProgressInputs::Phase;
+  ProgressInputs in;
+  const Placement& p = attempt_.placement;
+  const std::optional<WorkerSnapshot> decode = deps_.registry->find(WorkerRole::kDecode, p.decode_address);
+  std::optional<WorkerSnapshot> prefill;
+  if (!p.prefill_address.empty()) prefill = deps_.registry->find(WorkerRole::kPrefill, p.prefill_address);
+  if (decode) in.decode_step_seconds = decode->load.step_seconds;
+  if (prefill) in.prefill_step_seconds = prefill->load.step_seconds;
+  const int64_t own = static_cast<int64_t>(req_.prompt_ids.size() + emitted_.size());
+  if (state_ == PipelineState::kAdmitting) {
+    in.phase = Phase::kAdmitting;
+  } else if (state_ == PipelineState::kPrefilling && p.prefill_address.empty()) {
+    in.phase = Phase::kLocalPrefill;
+    // Its own tokens, and the other prompts this decode worker prefills (they share its steps).
+    in.tokens = own + (decode ? decode->load.queued_prompt_tokens : 0);
+    if (decode) in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
+  } else if (state_ == PipelineState::kPrefilling) {
+    in.phase = Phase::kPrefill;
+    // Everything the worker has to compute, this prompt included (those behind it too: a
+    // bound, not an estimate).
+    in.tokens = std::max(own, prefill ? prefill->outstanding_prompt_tokens() : 0);
+    if (prefill) in.prefill_tokens_per_second = prefill->load.prefill_tokens_per_second;
+  } else {
+    in.phase = Phase::kDecoding;
+    in.handoff_in_flight = attempt_.prefill != nullptr && !kv_sent_reported_;
+    // Prompts the decode worker prefills itself share the steps that bring this request's tokens.
+    if (decode) {
+      in.tokens = decode->load.queued_prompt_tokens;
+      in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
+    }
+  }
+  return in;
+}
+
+void RequestPipeline::check_progress(TimePoint now) {
+  Guard g(*this);
+  if (!deps_.config.progress.enabled) return;
+  if (state_ != PipelineState::kAdmitting && state_ != PipelineState::kPrefilling &&
+      state_ != PipelineState::kDecoding) {
+    return;  // queued (the scheduler's), new or ended
+  }
+  const ProgressInputs in = progress_inputs_locked();
+  const double bound = progress_bound(deps_.config.progress, in);
+  const double silent = std::chrono::duration<double>(now - attempt_.last_progress).count();
+  if (silent <= bound) return;
+  char what[160];
+  std::snprintf(what, sizeof what, "no progress for %.1f s while %s (bound %.1f s: --progress-grace-seconds %.1f + "
+                "--progress-slack %.1f x what it reported)", silent, progress_phase_name(in.phase).c_str(), bound,
+                deps_.config.progress.grace_seconds, deps_.config.progress.slack);
+  const Status cause = unavailable(what);
+  using Phase = ProgressInputs::Phase;
+  switch (in.phase) {
+    case Phase::kAdmitting:
+      deps_.registry->report_down(WorkerRole::kDecode, attempt_.placement.decode_address);
+      attempt_.admitted = true;  // its answer may still come: release whatever it reserved
+      failover_locked(g, "decode_admit", "the decode worker", cause);
+      return;
+    case Phase::kPrefill:
+      deps_.registry->report_down(WorkerRole::kPrefill, attempt_.placement.prefill_address);
+      failover_locked(g, "prefill", "the prefill worker", cause);
+      return;
+    case Phase::kLocalPrefill:
+    case Phase::kDecoding:
+      if (in.handoff_in_flight && attempt_.first_token && !attempt_.decode_done) {
+        // Silence while the KV moves: either end may be stuck; the hand-off is redone elsewhere.
+        failover_locked(g, "kv_handoff", "the KV hand-off from the prefill to the decode worker", cause);
+        return;
+      }
+      deps_.registry->report_down(WorkerRole::kDecode, attempt_.placement.decode_address);
+      failover_locked(g, "decode", "the decode worker", cause);
+      return;
+  }
 }
 
 void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids) {

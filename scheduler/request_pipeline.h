@@ -43,6 +43,7 @@
 
 #include "model/sampler.h"
 #include "scheduler/clock.h"
+#include "scheduler/progress_watch.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/worker_client.h"
 
@@ -71,6 +72,7 @@ struct PipelineRequest {
 
 struct PipelineConfig {
   int32_t max_failovers = 2;  // attempts after the first; >= 0
+  ProgressConfig progress;    // how long an attempt may go without progress (progress_watch.h)
 };
 
 // What the final message reports.
@@ -115,9 +117,10 @@ struct PipelineDeps {
   WorkerClient* client = nullptr;
   const Clock* clock = nullptr;
   PipelineConfig config;
+  ProgressWatch* watch = nullptr;  // null: no progress watchdog (only deadlines end a silent attempt)
 };
 
-class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
+class RequestPipeline : public ProgressWatched, public std::enable_shared_from_this<RequestPipeline> {
  public:
   static std::shared_ptr<RequestPipeline> create(const PipelineDeps& deps, PipelineRequest request,
                                                  std::shared_ptr<ResponseSink> sink);
@@ -132,6 +135,9 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   PipelineState state() const;
   // The current attempt's worker-facing id (tests and logs).
   std::string attempt_id() const;
+  // ProgressWatched: fails the attempt over (as its worker's fault) when it has been silent
+  // longer than its progress bound.
+  void check_progress(TimePoint now) override;
 
  private:
   struct Attempt {
@@ -145,6 +151,7 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
     bool first_token = false;         // this attempt's prefill delivered its token
     std::vector<int32_t> early;       // decode tokens that overtook the first token
     bool decode_done = false;
+    TimePoint last_progress{};        // its last event (placement counts as one)
   };
   class Guard;  // the mutex, plus scheduler calls to make once it is released
 
@@ -166,6 +173,8 @@ class RequestPipeline : public std::enable_shared_from_this<RequestPipeline> {
   void submit_attempt_locked(Guard& g);
   void open_worker_calls_locked();
   void emit_locked(Guard& g, std::span<const int32_t> ids);
+  // What the current attempt's progress bound is computed from (registry reports).
+  ProgressInputs progress_inputs_locked() const;
   void maybe_complete_locked(Guard& g);
   // A worker failed the attempt: another attempt, or the end when none is left. `who`: the
   // role at fault as the client reads it ("the decode worker"); `cause`: what it said.

@@ -47,13 +47,14 @@ struct PrefillCall {
 };
 
 struct PrefillUpdate {
-  enum class Kind { kFirstToken, kKvSent };
+  enum class Kind { kFirstToken, kKvSent, kProgress };
   Kind kind = Kind::kFirstToken;
   int32_t token_id = 0;         // kFirstToken
   double queue_seconds = 0;     // kFirstToken: received → prefill compute start
   double prefill_seconds = 0;   // kFirstToken
   int32_t cached_tokens = 0;    // kFirstToken: leading tokens whose KV came from the prefix cache
   double transfer_seconds = 0;  // kKvSent
+  int32_t tokens_done = 0;      // kProgress: prompt positions computed so far (a long prompt's chunk)
 };
 
 struct DecodeUpdate {
@@ -81,8 +82,8 @@ class WorkerClient {
 
   // Reserves KV blocks on a decode worker.
   virtual void admit(const std::string& decode_address, const AdmitCall& call, CallDeadline deadline, Done done) = 0;
-  // Prefills on a prefill worker: the first token, then (once the decode worker has the KV)
-  // kv_sent, then done.
+  // Prefills on a prefill worker: progress for each chunk of a long prompt, the first token, then
+  // (once the decode worker has the KV) kv_sent, then done.
   virtual WorkerCall* prefill(const std::string& prefill_address, const PrefillCall& call, CallDeadline deadline,
                               std::function<void(const PrefillUpdate&)> on_update, Done done) = 0;
   // The tokens after the first, from the decode worker that admitted `request_id`.

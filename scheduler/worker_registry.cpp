@@ -21,6 +21,11 @@ Status validate_load(WorkerRole role, const std::string& address, const WorkerLo
   if (l.queued_prompt_tokens < 0) return bad("negative queued prompt tokens");
   if (l.n_running < 0) return bad("negative running count");
   if (l.prefix_cache_blocks < 0) return bad("negative prefix cache size");
+  // (NaN fails both comparisons: written so that it is refused too.)
+  if (!(l.step_seconds >= 0 && l.step_seconds < 1e6)) return bad("step time negative, huge or not a number");
+  if (!(l.prefill_tokens_per_second >= 0 && l.prefill_tokens_per_second < 1e12)) {
+    return bad("prefill rate negative, huge or not a number");
+  }
   if (role == WorkerRole::kDecode && l.block_size <= 0) return bad("decode block_size <= 0");
   return {};
 }

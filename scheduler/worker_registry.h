@@ -57,6 +57,11 @@ struct WorkerLoad {
   int32_t n_running = 0;             // decode: sequences generating; prefill: prompts in progress
   bool draining = false;             // shutting down: route no new work here
   int32_t local_prefill_max_tokens = 0;  // decode: the longest prompt it prefills itself (0: none)
+  // Its speed, for progress bounds (scheduler/progress_watch.h): the slowest recent step, and the
+  // prompt tokens per second its steps compute (decode: local prefill; 0: not measured yet).
+  // queued_prompt_tokens of a decode worker: those it prefills itself.
+  double step_seconds = 0;
+  double prefill_tokens_per_second = 0;
   // prefill: its prefix cache (kv/prefix_hash.h): the most blocks it caches (0: no cache), the
   // root of its block hash chain, and the hashes of the blocks it reported cached (null: none).
   // Shared: snapshots copy a pointer, not the set.

@@ -58,6 +58,8 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->scheduler_ = std::make_unique<Scheduler>(config.scheduler, *fe->registry_, fe->clock_);
   Frontend* raw = fe.get();
   if (config.pipeline.max_failovers < 0) return invalid_argument("max_failovers must be >= 0");
+  BATON_RETURN_IF_ERROR(config.pipeline.progress.validate());
+  if (config.max_request.count() <= 0) return invalid_argument("--max-request-seconds must be positive");
   fe->pool_ = std::make_unique<WorkerPool>(config.workers, *fe->registry_, [raw] { raw->on_poll(); });
   fe->client_ = std::make_unique<GrpcWorkerClient>(*fe->pool_);
   fe->context_.model = &fe->model_;
@@ -66,6 +68,8 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   fe->context_.pipeline.client = fe->client_.get();
   fe->context_.pipeline.clock = &fe->clock_;
   fe->context_.pipeline.config = config.pipeline;
+  fe->context_.pipeline.watch = &fe->watch_;
+  fe->context_.max_request = config.max_request;
   fe->context_.metrics = metrics;
   fe->context_.name = config.name;
   fe->context_.live_calls = &fe->live_calls_;
@@ -94,6 +98,20 @@ Frontend::~Frontend() { stop(); }
 void Frontend::start() {
   pool_->poll_now();
   pool_->start();
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  if (!watch_thread_.joinable()) watch_thread_ = std::thread([this] { watch_loop(); });
+}
+
+void Frontend::watch_loop() {
+  // A tenth of the grace (at most 100 ms): a stuck attempt is seen within 10 % past its bound.
+  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(std::min(0.1, context_.pipeline.config.progress.grace_seconds / 10)));
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_cv_.wait_for(lock, tick, [this] { return watch_stopping_; })) {
+    lock.unlock();
+    watch_.check(clock_.now());
+    lock.lock();
+  }
 }
 
 void Frontend::stop() {
@@ -108,6 +126,12 @@ void Frontend::stop() {
                  client_ ? client_->n_in_flight() : 0);
   }
   if (pool_) pool_->stop();
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
 }
 
 void Frontend::set_draining() {

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "baton/v1/generate.grpc.pb.h"
 #include "common/api_keys.h"
@@ -28,7 +30,9 @@ struct FrontendConfig {
   int32_t max_priority = 0;   // highest priority a client may ask for (ServedModel::max_priority)
   WorkerPoolConfig workers;   // where the workers are
   SchedulerConfig scheduler;  // admission bounds
-  PipelineConfig pipeline;    // failover bound
+  PipelineConfig pipeline;    // failover and progress bounds
+  // The longest a request may run, whatever deadline it asks (gRPC and HTTP alike); > 0.
+  std::chrono::seconds max_request{3600};
   WorkerRegistryConfig registry;
   std::shared_ptr<ApiKeys> api_keys;  // null: the public API needs no key
 };
@@ -40,7 +44,8 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   static Result<std::unique_ptr<Frontend>> create(FrontendConfig config, Metrics* metrics);
   ~Frontend() override;
 
-  // Polls the workers once (so the first requests find them), then keeps polling.
+  // Polls the workers once (so the first requests find them), then keeps polling; starts the
+  // progress watchdog.
   void start();
   // Waits (up to 10 s) for every request's pipeline to let go of the frontend, then stops polling.
   // Call after the gRPC server has shut down (no new requests).
@@ -74,6 +79,7 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   void on_poll();
   void update_gauges();
   void update_health_locked();
+  void watch_loop();
 
   Metrics* metrics_;
   int64_t local_prefill_max_tokens_ = 0;  // SchedulerConfig's: decode workers may prefill prompts
@@ -87,6 +93,11 @@ class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1:
   std::shared_ptr<ApiKeys> api_keys_;
   std::atomic<int64_t> live_calls_{0};
   std::atomic<bool> draining_{false};
+  ProgressWatch watch_;  // every live request's progress bound, checked by watch_thread_
+  std::thread watch_thread_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stopping_ = false;  // guarded by watch_mu_
   FrontendContext context_;
   std::mutex health_mu_;
   std::function<void(bool)> health_reporter_;  // guarded by health_mu_

@@ -42,6 +42,11 @@ std::optional<PrefillUpdate> from_proto(const v1::PrefillEvent& e) {
     u.cached_tokens = e.first_token().cached_tokens();
     return u;
   }
+  if (e.has_progress()) {
+    u.kind = PrefillUpdate::Kind::kProgress;
+    u.tokens_done = e.progress().tokens_done();
+    return u;
+  }
   if (e.has_kv_sent()) {
     u.kind = PrefillUpdate::Kind::kKvSent;
     u.transfer_seconds = e.kv_sent().transfer_seconds();

@@ -23,6 +23,8 @@ Status PublicCall::authorize(std::string_view authorization) {
 }
 
 void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline, const SpecOptions& options) {
+  // No request runs longer than --max-request-seconds, whatever it asked (or did not ask) for.
+  deadline = std::min(deadline, std::chrono::system_clock::now() + fc_.max_request);
   if (fc_.draining != nullptr && fc_.draining->load()) {
     refuse(unavailable("this frontend is shutting down; retry on another replica"));
     return;

@@ -41,6 +41,7 @@ struct FrontendContext {
   std::atomic<int64_t>* live_calls = nullptr;  // calls alive, every surface (stop() waits for zero)
   std::atomic<bool>* draining = nullptr;  // true: refuse new requests with UNAVAILABLE
   ApiKeys* api_keys = nullptr;            // null: no key needed; else UNAUTHENTICATED without one
+  std::chrono::seconds max_request{3600};  // --max-request-seconds: caps every request's deadline
 };
 
 class PublicCall : public ResponseSink, public std::enable_shared_from_this<PublicCall> {

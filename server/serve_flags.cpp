@@ -81,6 +81,28 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
                 "Frontend: times a request is re-prefilled on other workers after a worker fails it")
       ->check(CLI::Range(0, 16))
       ->envname("BATON_MAX_FAILOVERS");
+  c->add_option("--progress-grace-seconds", a.progress_grace_seconds,
+                "Frontend: an attempt silent longer than this plus --progress-slack times what its workers report "
+                "(their slowest recent step, their prefill rate and queue) fails over as a broken one does "
+                "(0: no progress watchdog)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->envname("BATON_PROGRESS_GRACE_SECONDS");
+  c->add_option("--progress-slack", a.progress_slack,
+                "Frontend: how many times slower than its reports a worker may be before it counts as stuck")
+      ->check(CLI::Range(1.0, 1000.0))
+      ->envname("BATON_PROGRESS_SLACK");
+  c->add_option("--progress-min-prefill-rate", a.progress_min_prefill_rate,
+                "Frontend: prompt tokens per second assumed of a worker that has measured none yet")
+      ->check(CLI::Range(0.001, 1e9))
+      ->envname("BATON_PROGRESS_MIN_PREFILL_RATE");
+  c->add_option("--worker-keepalive-seconds", a.worker_keepalive_seconds,
+                "Frontend: HTTP/2 ping interval on worker connections")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->envname("BATON_WORKER_KEEPALIVE_SECONDS");
+  c->add_option("--worker-keepalive-timeout-seconds", a.worker_keepalive_timeout_seconds,
+                "Frontend: a worker connection whose ping is not answered within this is broken (its calls fail over)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->envname("BATON_WORKER_KEEPALIVE_TIMEOUT_SECONDS");
   c->add_option("--no-worker-timeout", a.no_worker_timeout,
                 "Frontend: seconds a queued request waits while no prefill or no decode worker is healthy, "
                 "then fails UNAVAILABLE")
@@ -100,7 +122,8 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
       ->check(CLI::Range(0, 19))
       ->envname("BATON_PREFILL_NICE");
   c->add_option("--max-request-seconds", a.max_request_seconds,
-                "Decode: longest a request may hold KV blocks, whatever deadline it asks for (DEADLINE_EXCEEDED after)")
+                "Frontend and decode: longest a request may run (frontend, gRPC and HTTP) or hold KV blocks (decode), "
+                "whatever deadline it asks for (DEADLINE_EXCEEDED after)")
       ->check(CLI::Range(1, 7 * 24 * 3600))
       ->envname("BATON_MAX_REQUEST_SECONDS");
   c->add_option("--max-batch", a.max_batch, "Decode: most sequences per step")

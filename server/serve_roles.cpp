@@ -234,6 +234,14 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   fc.scheduler.no_worker_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(a.no_worker_timeout));
   fc.pipeline.max_failovers = a.max_failovers;
+  fc.pipeline.progress.enabled = a.progress_grace_seconds > 0;
+  if (fc.pipeline.progress.enabled) fc.pipeline.progress.grace_seconds = a.progress_grace_seconds;
+  fc.pipeline.progress.slack = a.progress_slack;
+  fc.pipeline.progress.min_prefill_tokens_per_second = a.progress_min_prefill_rate;
+  fc.max_request = std::chrono::seconds(a.max_request_seconds);
+  const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  fc.workers.keepalive = ms(a.worker_keepalive_seconds);
+  fc.workers.keepalive_timeout = ms(a.worker_keepalive_timeout_seconds);
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
   fc.scheduler.prefill_queue_weight = a.prefill_queue_weight;

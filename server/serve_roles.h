@@ -100,6 +100,10 @@ class RpcServer {
     b.AddListeningPort(listen, std::move(credentials), &s->port_);
     b.SetMaxReceiveMessageSize(max_message_bytes);
     b.SetMaxSendMessageSize(kMaxInternalMessageBytes);
+    // Clients (the frontend's worker channels) ping every --worker-keepalive-seconds (>= 1 s), with
+    // or without calls: allow it, rather than answer with GOAWAY "too_many_pings".
+    b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     for (grpc::Service* svc : services) b.RegisterService(svc);
     s->server_ = b.BuildAndStart();
     if (!s->server_ || s->port_ == 0) return unavailable("cannot listen on '" + listen + "' (in use, or a bad address)");

@@ -24,6 +24,9 @@ Status WorkerPoolConfig::validate() const {
   if (poll_interval.count() <= 0 || dns_refresh_interval.count() <= 0) {
     return invalid_argument("worker poll and DNS refresh intervals must be positive");
   }
+  if (keepalive < std::chrono::seconds(1) || keepalive_timeout < std::chrono::milliseconds(100)) {
+    return invalid_argument("--worker-keepalive-seconds must be >= 1 and --worker-keepalive-timeout-seconds >= 0.1");
+  }
   return {};
 }
 
@@ -94,6 +97,10 @@ std::shared_ptr<grpc::Channel> WorkerPool::channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(config_.keepalive.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(config_.keepalive_timeout.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   auto ch = grpc::CreateCustomChannel(
       address, config_.credentials ? config_.credentials : grpc::InsecureChannelCredentials(), args);
   channels_.emplace(address, ch);
@@ -159,6 +166,8 @@ void WorkerPool::poll_role(WorkerRole role) {
     load.n_running = rep.running();
     load.draining = rep.draining();
     load.local_prefill_max_tokens = rep.local_prefill_max_tokens();
+    load.step_seconds = rep.step_seconds();
+    load.prefill_tokens_per_second = rep.prefill_tokens_per_second();
     load.prefix_cache_blocks = rep.prefix_cache_blocks();
     load.prefix_hash_seed = rep.prefix_hash_seed();
     if (rep.cached_block_hashes_size() > 0) {

@@ -33,6 +33,11 @@ struct WorkerPoolConfig {
   std::string model_fingerprint;               // workers serving another model are refused
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // the internal plane's (common/tls.h); null = plaintext
   bool prefill_optional = false;  // decode workers may prefill every prompt themselves (colocated)
+  // HTTP/2 keepalive on every worker channel: a ping after this long without one, and the
+  // connection counts as broken (its calls fail UNAVAILABLE) when no answer comes within the
+  // timeout. Finds a partitioned worker's connection dead even while no call is in flight.
+  std::chrono::milliseconds keepalive{10000};
+  std::chrono::milliseconds keepalive_timeout{5000};
 
   Status validate() const;
 };

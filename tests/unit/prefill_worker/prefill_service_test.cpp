@@ -51,7 +51,8 @@ struct ServiceFixture : testing::LoadedTestModel {
 };
 
 struct CallResult {
-  std::vector<baton::v1::PrefillEvent> events;
+  std::vector<baton::v1::PrefillEvent> events;  // but Progress
+  int n_progress = 0;
   grpc::Status status;
 };
 
@@ -61,7 +62,20 @@ CallResult prefill(baton::v1::PrefillWorker::Stub& stub, const baton::v1::Prefil
   auto reader = stub.Prefill(&context, request);
   CallResult r;
   baton::v1::PrefillEvent event;
-  while (reader->Read(&event)) r.events.push_back(event);
+  // Progress events (one per chunk of a prompt longer than a step takes) come first, counting
+  // up and short of the prompt; the rest is what a test compares.
+  int32_t done = 0;
+  while (reader->Read(&event)) {
+    if (event.has_progress()) {
+      CHECK(r.events.empty());
+      CHECK(event.progress().tokens_done() >= done);  // 0 while queued
+      CHECK(event.progress().tokens_done() < request.prompt_token_ids_size());
+      done = event.progress().tokens_done();
+      ++r.n_progress;
+      continue;
+    }
+    r.events.push_back(event);
+  }
   r.status = reader->Finish();
   return r;
 }
@@ -104,6 +118,24 @@ TEST_CASE("prefill service streams the first token, then KvSent", "[prefill][ser
   CHECK(sent.address == "decode-0:7000");
   CHECK(sent.first_token == g->tokens[0]);
   CHECK(sent.header.model_fingerprint == fx.model->fingerprint());
+}
+
+TEST_CASE("prefill service: a prompt longer than a step reports each chunk before its first token, GetLoad its speed",
+          "[prefill][service][progress]") {
+  ServiceFixture fx;  // 32 tokens a step
+  std::mt19937 rng(std::random_device{}());
+  const int n = 32 * 3 + 1 + static_cast<int>(rng() % 31);  // 4 steps, the last one partial
+  const CallResult r = prefill(*fx.stub, make_request(rng, "long", n, fx.model->config().n_vocab));
+  REQUIRE(r.status.ok());
+  REQUIRE(r.events.size() == 2);
+  CHECK(r.events[0].has_first_token());
+  // Three chunks finish short of the prompt (queued replacements may merge two of them).
+  CHECK(r.n_progress >= 1);
+  grpc::ClientContext ctx;
+  baton::v1::LoadReport load;
+  REQUIRE(fx.stub->GetLoad(&ctx, baton::v1::LoadRequest(), &load).ok());
+  CHECK(load.step_seconds() > 0);
+  CHECK(load.prefill_tokens_per_second() > 0);
 }
 
 TEST_CASE("prefill service: a repeated prompt's first token counts its cached tokens, GetLoad names the blocks",
@@ -341,7 +373,7 @@ TEST_CASE("prefill service: many concurrent calls, some cancelled, all end clean
         baton::v1::PrefillEvent event;
         int n_events = 0;
         while (reader->Read(&event)) {
-          ++n_events;
+          n_events += !event.has_progress();
           if (cancel) context.TryCancel();
         }
         const grpc::Status s = reader->Finish();

@@ -38,7 +38,7 @@ struct Harness {
 
   // Registers (if new) and reports a decode worker with `free_blocks` of `total_blocks` free.
   void decode_worker(const std::string& address, int64_t free_blocks, int64_t total_blocks = 100,
-                     bool draining = false, int32_t local_prefill_max_tokens = 0) {
+                     bool draining = false, int32_t local_prefill_max_tokens = 0, double step_seconds = 0) {
     if (std::find(decode_addresses.begin(), decode_addresses.end(), address) == decode_addresses.end()) {
       decode_addresses.push_back(address);
       registry.set_addresses(kDecode, decode_addresses);
@@ -47,11 +47,13 @@ struct Harness {
     l.free_blocks = free_blocks;
     l.total_blocks = total_blocks;
     l.block_size = kBlockSize;
+    l.step_seconds = step_seconds;
     l.draining = draining;
     l.local_prefill_max_tokens = local_prefill_max_tokens;
     REQUIRE(registry.report_load(kDecode, address, l, clock.now()).ok());
   }
-  void prefill_worker(const std::string& address, int64_t queued_prompt_tokens = 0, bool draining = false) {
+  void prefill_worker(const std::string& address, int64_t queued_prompt_tokens = 0, bool draining = false,
+                      double step_seconds = 0, double prefill_tokens_per_second = 0) {
     if (std::find(prefill_addresses.begin(), prefill_addresses.end(), address) == prefill_addresses.end()) {
       prefill_addresses.push_back(address);
       registry.set_addresses(kPrefill, prefill_addresses);
@@ -59,6 +61,8 @@ struct Harness {
     WorkerLoad l;
     l.queued_prompt_tokens = queued_prompt_tokens;
     l.draining = draining;
+    l.step_seconds = step_seconds;
+    l.prefill_tokens_per_second = prefill_tokens_per_second;
     REQUIRE(registry.report_load(kPrefill, address, l, clock.now()).ok());
   }
 
