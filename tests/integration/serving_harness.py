@@ -57,11 +57,15 @@ def free_port():
 class Server:
     """A running `baton local` (or `baton serve`) process."""
 
-    def __init__(self, baton_bin, model, *extra, subcommand=("local",), listen="127.0.0.1:0"):
+    def __init__(self, baton_bin, model, *extra, subcommand=("local",), listen="127.0.0.1:0", wrapper=()):
+        """`wrapper`: a command that runs baton (e.g. ip netns exec NAME): the server then listens and
+        serves its metrics on `listen`'s host."""
+        host = listen.rsplit(":", 1)[0]
+        self.metrics_host = host if wrapper else "127.0.0.1"
         self.metrics_port = free_port()
         log_level = [] if "--log-level" in extra else ["--log-level", "warn"]  # the test may ask for another
-        args = [str(baton_bin), *subcommand, "--model", str(model), "--listen", listen,
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *log_level, *map(str, extra)]
+        args = [*wrapper, str(baton_bin), *subcommand, "--model", str(model), "--listen", listen,
+                "--metrics-listen", f"{self.metrics_host}:{self.metrics_port}", *log_level, *map(str, extra)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace")
         deadline = time.time() + 120
@@ -82,7 +86,7 @@ class Server:
         if self.port is None:
             self.proc.kill()
             raise RuntimeError(f"baton did not start: {self.proc.stderr.read()}")
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host if host not in ('', '0.0.0.0', '[::]') else '127.0.0.1'}:{self.port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}" if self.http_port else None
         # Both streams are read all the time (the log goes to stdout, sanitizer reports to stderr): a
         # test that makes the server log a lot (the request fuzzer, --log-level debug) must not fill
@@ -124,7 +128,7 @@ class Server:
             time.sleep(0.02)
 
     def metrics(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://{self.metrics_host}:{self.metrics_port}/metrics", timeout=10) as r:
             return r.read().decode()
 
     def stop(self):

@@ -1,0 +1,317 @@
+"""Hangs with real processes: a worker that stops (SIGSTOP), one the network cuts off (a network
+namespace whose link goes down), and one that accepts connections but never answers (a TCP relay
+that turns into a black hole). None of them breaks a connection: only the frontend's progress
+watchdog (scheduler/progress_watch.h) and HTTP/2 keepalive can tell.
+
+In each test 8 streams run (half greedy, half seeded, as in test_failover.py), the fault strikes
+mid-stream (or mid-prefill), and:
+- every stream completes with exactly max_tokens tokens, greedy ones token for token equal to the
+  undisturbed run, seeded ones up to the fault (test_failover.assert_same_as_undisturbed);
+- each stream that was on the stuck worker gets its next token within 3 s + one re-prefill of
+  the fault (the re-prefill measured on the same deployment: the moved streams' prompts and
+  tokens so far, prefilled together);
+- the stuck worker, resumed, takes new work again, and what it held for the abandoned attempts
+  returns (its KV blocks all free).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import grpc
+import pytest
+
+from serving_harness import Stream, wait_blocks_free
+from test_failover import (WORKER_FLAGS, assert_same_as_undisturbed, failover_model, failovers, prompts,  # noqa: F401
+                           run_all, start_streams)
+
+MAX_TOKENS = 320
+ALLOWANCE_S = 3.0  # the issue's bound: 3 s + one re-prefill from the fault to the next token
+
+
+def worker(server_factory, model, role, *extra, listen="127.0.0.1:0", wrapper=()):
+    return server_factory(model, *WORKER_FLAGS, *extra, subcommand=("serve", "--role", role), listen=listen,
+                          wrapper=wrapper)
+
+
+def frontend(server_factory, model, prefill_addresses, decode_addresses, *extra):
+    return server_factory(model, "--prefill-addresses", ",".join(prefill_addresses), "--decode-addresses",
+                          ",".join(decode_addresses), *extra, subcommand=("serve", "--role", "frontend"))
+
+
+def wait_until(cond, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def reprefill_seconds(pb, address, work, streams, moved, fault_at):
+    """Wall time to prefill, together, what the moved streams had to re-prefill: each prompt and the
+    tokens it had streamed by the fault (max_tokens 1: the prefill is all that runs)."""
+    token_lists = [work[i] + [t for t, at in zip(streams[i].ids, streams[i].times) if at < fault_at] for i in moved]
+    t0 = time.monotonic()
+    again = [Stream(pb, address, ids, 1) for ids in token_lists]
+    for s in again:
+        s.join()
+        assert s.error is None, s.error
+    return time.monotonic() - t0
+
+
+def check_fault(pb, front, work, reference, streams, fault_at, what):
+    same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, MAX_TOKENS, fault_at)
+    moved = [i for i, s in enumerate(streams) if s.final.timing.failovers > 0]
+    assert moved, f"no stream was on the {what}"
+    # The longest wait for a token after the fault (tokens already in flight at the fault arrive
+    # at once; the wait that matters is the failover's).
+    gaps = [max(b - max(a, fault_at) for a, b in zip(streams[i].times, streams[i].times[1:]) if b >= fault_at)
+            for i in moved]
+    allowed = ALLOWANCE_S + reprefill_seconds(pb, front.address, work, streams, moved, fault_at)
+    print(f"{what}: {len(moved)} of {len(streams)} streams failed over ({same_seeded} of {n_seeded} seeded ones "
+          f"identical); longest wait for a token after the fault {', '.join(f'{g:.2f} s' for g in sorted(gaps))}; allowed {allowed:.2f} s")
+    assert max(gaps) <= allowed, f"{what}: fault → next token {max(gaps):.2f} s > {allowed:.2f} s"
+    return moved
+
+
+def new_work_reaches(pb, front, label_of_worker, n=8, max_tokens=8, timeout=30):
+    """Runs rounds of n streams until one of them ends on the worker with `label_of_worker`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = run_all(pb, front.address, prompts(n, 20, seed=int(time.monotonic() * 1000) % 997), max_tokens)
+        for s in got:
+            assert s.error is None, s.error
+        if any(label_of_worker in (s.final.decode_worker, s.final.prefill_worker) for s in got):
+            return True
+    return False
+
+
+def labels_of(streams, field):
+    return {getattr(s.final, field) for s in streams}
+
+
+def decode_fault_mid_stream(pb, front, work, fault, what):
+    """The undisturbed run of `work` (its streams must use both decode workers), then the same
+    streams with fault() once each has 40 tokens: every stream completes as check_fault requires,
+    all on one decode worker. Returns the label of the decode worker the fault struck."""
+    undisturbed = run_all(pb, front.address, work, MAX_TOKENS)
+    reference = [s.ids for s in undisturbed]
+    assert len(labels_of(undisturbed, "decode_worker")) == 2, "the streams did not use both decode workers"
+    streams = start_streams(pb, front.address, work, MAX_TOKENS)
+    wait_until(lambda: min(len(s.ids) for s in streams) >= 40)
+    fault()
+    fault_at = time.monotonic()
+    for s in streams:
+        s.join()
+    assert min(s.times[-1] for s in streams) > fault_at, "a stream finished before the fault: make them longer"
+    check_fault(pb, front, work, reference, streams, fault_at, what)
+    survivor = labels_of(streams, "decode_worker")
+    assert len(survivor) == 1, survivor
+    return next(iter(labels_of(undisturbed, "decode_worker") - survivor))
+
+
+def test_decode_worker_stopped_mid_stream_costs_no_request(pb, server_factory, failover_model):
+    prefill = [worker(server_factory, failover_model, "prefill")]
+    decode = [worker(server_factory, failover_model, "decode") for _ in range(2)]
+    front = frontend(server_factory, failover_model, [p.address for p in prefill], [d.address for d in decode])
+    try:
+        stopped = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=2),
+                                          lambda: decode[0].proc.send_signal(signal.SIGSTOP), "stopped decode worker")
+        assert failovers(front, "decode") >= 1
+    finally:
+        decode[0].proc.send_signal(signal.SIGCONT)
+    # Resumed: it answers its load polls again and takes new work; the abandoned sequences' blocks
+    # came back (the frontend released them, or the cancelled streams did).
+    assert new_work_reaches(pb, front, stopped), "the resumed decode worker took no new work"
+    assert wait_blocks_free(decode[0]) and wait_blocks_free(decode[1])
+
+
+def test_prefill_worker_stopped_mid_prefill_costs_no_request(pb, server_factory, failover_model):
+    # No prefix cache: the faulted run prefills the reference run's prompts cold again.
+    prefill = [worker(server_factory, failover_model, "prefill", "--prefix-cache-blocks", "0") for _ in range(2)]
+    decode = [worker(server_factory, failover_model, "decode")]
+    front = frontend(server_factory, failover_model, [p.address for p in prefill], [d.address for d in decode])
+    # Long prompts, two per prefill worker: each takes several steps of --prefill-token-budget tokens.
+    work = prompts(4, 1500, seed=3)
+    max_tokens = 64
+    greedy = lambda: [Stream(pb, front.address, p, max_tokens) for p in work]  # noqa: E731
+    undisturbed = greedy()
+    for s in undisturbed:
+        s.join()
+    reference = [s.ids for s in undisturbed]
+    assert len(labels_of(undisturbed, "prefill_worker")) == 2, "the prompts did not use both prefill workers"
+
+    streams = greedy()
+    time.sleep(0.3)  # into the first prompts' prefill
+    prefill[0].proc.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        for s in streams:
+            s.join()
+        for i, (s, ref) in enumerate(zip(streams, reference)):
+            assert s.error is None, f"stream {i}: {s.error.code()} {s.error.details()}"
+            assert s.ids == ref, f"stream {i} differs from the undisturbed run"
+        moved = [i for i, s in enumerate(streams) if s.final.timing.failovers > 0]
+        assert moved, "no prompt was on the stopped prefill worker"
+        assert failovers(front, "prefill") >= 1
+        # Each moved prompt's first token: within 3 s + one re-prefill of the fault (the moved
+        # prompts prefilled together, measured after).
+        firsts = [streams[i].times[0] - stopped_at for i in moved]
+        t0 = time.monotonic()
+        again = [Stream(pb, front.address, work[i], 1) for i in moved]
+        for s in again:
+            s.join()
+        allowed = ALLOWANCE_S + time.monotonic() - t0
+        print(f"stopped prefill worker: {len(moved)} of {len(streams)} prompts failed over; fault → first token "
+              f"{', '.join(f'{g:.2f} s' for g in sorted(firsts))}; allowed {allowed:.2f} s")
+        assert max(firsts) <= allowed
+        survivor = labels_of(streams, "prefill_worker")
+        assert len(survivor) == 1, survivor
+    finally:
+        prefill[0].proc.send_signal(signal.SIGCONT)
+    stopped_label = next(iter(labels_of(undisturbed, "prefill_worker") - survivor))
+    assert new_work_reaches(pb, front, stopped_label), "the resumed prefill worker took no new work"
+    assert wait_blocks_free(decode[0])
+
+
+class Namespace:
+    """A network namespace joined to this one by a veth pair: 10.X.0.1 here, 10.X.0.2 there.
+    partition() takes the link down (packets are dropped silently both ways, nothing is reset);
+    heal() brings it back."""
+
+    def __init__(self):
+        self.name = "baton-" + uuid.uuid4().hex[:8]
+        self.host_if, self.ns_if = self.name[-8:] + "h", self.name[-8:] + "n"
+        octet = 64 + int(self.name[-2:], 16) % 128
+        self.here, self.there = f"10.{octet}.0.1", f"10.{octet}.0.2"
+        self.up = False
+
+    def __enter__(self):
+        def ip(*args, ns=False):
+            subprocess.run((["ip", "netns", "exec", self.name] if ns else []) + ["ip", *args], check=True,
+                           capture_output=True)
+        ip("netns", "add", self.name)
+        self.up = True
+        ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        ip("link", "set", self.ns_if, "netns", self.name)
+        ip("addr", "add", f"{self.here}/24", "dev", self.host_if)
+        ip("link", "set", self.host_if, "up")
+        ip("addr", "add", f"{self.there}/24", "dev", self.ns_if, ns=True)
+        ip("link", "set", self.ns_if, "up", ns=True)
+        ip("link", "set", "lo", "up", ns=True)
+        return self
+
+    def wrapper(self):
+        return ("ip", "netns", "exec", self.name)
+
+    def partition(self):
+        subprocess.run(["ip", "link", "set", self.host_if, "down"], check=True)
+
+    def heal(self):
+        subprocess.run(["ip", "link", "set", self.host_if, "up"], check=True)
+
+    def __exit__(self, *exc):
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+def network_namespaces_usable():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = "baton-probe-" + uuid.uuid4().hex[:6]
+    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ok
+
+
+@pytest.mark.skipif(not network_namespaces_usable(), reason="network namespaces need root and iproute2")
+def test_decode_worker_partitioned_from_the_frontend_costs_no_request(pb, server_factory, failover_model):
+    """One decode worker in its own network namespace, the rest on this side of a veth pair; the
+    link goes down mid-stream (the issue's `tc netem loss 100%`: this kernel has no netem, and a
+    downed link drops every packet the same way, with no reset)."""
+    with Namespace() as ns:
+        # Addresses on the veth, so that the KV the prefill worker sends to either decode worker
+        # comes from the host the frontend named (the decode workers check it). Not loopback:
+        # plaintext needs --insecure.
+        prefill = [worker(server_factory, failover_model, "prefill", "--insecure", listen=f"{ns.here}:0")]
+        decode = [worker(server_factory, failover_model, "decode", "--insecure", listen=f"{ns.there}:0",
+                         wrapper=ns.wrapper()),
+                  worker(server_factory, failover_model, "decode", "--insecure", listen=f"{ns.here}:0")]
+        front = frontend(server_factory, failover_model, [p.address for p in prefill], [d.address for d in decode],
+                         "--insecure")
+        try:
+            cut = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=5), ns.partition, "partitioned decode worker")
+        finally:
+            ns.heal()
+        assert new_work_reaches(pb, front, cut), "the decode worker took no new work after the link healed"
+        assert wait_blocks_free(decode[0]) and wait_blocks_free(decode[1])
+
+
+class BlackHoleRelay:
+    """A TCP relay to `target`; after swallow() it still accepts connections and reads what comes,
+    but forwards nothing either way and answers nothing: a worker that accepts and never answers."""
+
+    def __init__(self, target):
+        self.target = target
+        self.swallowing = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def swallow(self):
+        self.swallowing.set()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.sockets.append(conn)
+            if self.swallowing.is_set():
+                threading.Thread(target=self._pipe, args=(conn, None), daemon=True).start()
+                continue
+            host, port = self.target.rsplit(":", 1)
+            up = socket.create_connection((host, int(port)))
+            self.sockets.append(up)
+            threading.Thread(target=self._pipe, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, conn), daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if dst is not None and not self.swallowing.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+        for s in self.sockets:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_decode_worker_that_never_answers_costs_no_request(pb, server_factory, failover_model):
+    prefill = [worker(server_factory, failover_model, "prefill")]
+    decode = [worker(server_factory, failover_model, "decode") for _ in range(2)]
+    relay = BlackHoleRelay(decode[0].address)
+    try:
+        front = frontend(server_factory, failover_model, [p.address for p in prefill],
+                         [relay.address, decode[1].address])
+        decode_fault_mid_stream(pb, front, prompts(8, 40, seed=6), relay.swallow, "silent decode worker")
+        # It stays silent: new requests go to the other one and complete.
+        for s in run_all(pb, front.address, prompts(4, 20, seed=7), 16):
+            assert s.error is None, s.error
+    finally:
+        relay.close()
