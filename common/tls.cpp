@@ -204,19 +204,30 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> client_channel_credentials(con
   return grpc::SslCredentials(options);
 }
 
-std::string peer_identity(const grpc::ServerContextBase& context) {
-  std::string id = peer_host(context.peer());
-  const auto auth = context.auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return id;
+namespace {
+
+std::string certificate_of(const std::shared_ptr<const grpc::AuthContext>& auth) {
+  if (!auth || !auth->IsPeerAuthenticated()) return {};
   // The whole subject (replicas of one role may share names in their SANs), else the SANs.
   std::vector<grpc::string_ref> names = auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
   if (names.empty()) names = auth->GetPeerIdentity();
-  id += " as ";
+  std::string id;
   for (size_t i = 0; i < names.size(); ++i) {
     if (i > 0) id += ",";
     id.append(names[i].data(), names[i].size());
   }
   return id;
+}
+
+}  // namespace
+
+std::string peer_certificate(const grpc::ServerContextBase& context) { return certificate_of(context.auth_context()); }
+std::string peer_certificate(const grpc::ClientContext& context) { return certificate_of(context.auth_context()); }
+
+std::string peer_identity(const grpc::ServerContextBase& context) {
+  const std::string host = peer_host(context.peer());
+  const std::string cert = peer_certificate(context);
+  return cert.empty() ? host : host + " as " + cert;
 }
 
 bool is_loopback_address(const std::string& address) {

@@ -78,6 +78,11 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> client_channel_credentials(con
 // reconnected channel is the same peer) and, over TLS, the certificate's subject (its subject
 // alternative names when it has no subject).
 std::string peer_identity(const grpc::ServerContextBase& context);
+// What a peer's TLS certificate proves (its subject, else its subject alternative names); empty
+// when the peer is not authenticated (plaintext, --insecure). The server's side of a call, and
+// the client's (the server it reached, once the call has run).
+std::string peer_certificate(const grpc::ServerContextBase& context);
+std::string peer_certificate(const grpc::ClientContext& context);
 
 // The host part of a peer (context.peer()): "ipv4:10.0.0.7:41234" → "ipv4:10.0.0.7" (an
 // IPv4-mapped IPv6 peer becomes its IPv4 form).

@@ -89,6 +89,10 @@ struct DecodeAdmit {
   // The hosts ("ipv4:10.0.0.5") the KV may come from (the prefill worker Admit named); empty =
   // any. kv_begin from another host is PERMISSION_DENIED.
   std::vector<std::string> kv_senders;
+  // The certificate (common/tls.h peer_certificate) the prefill worker proved to the frontend;
+  // when set, the KV is taken from the peer proving it, wherever it connects from, and from no
+  // other (mTLS). Empty: kv_senders decides (plaintext, --insecure).
+  std::string kv_sender_certificate;
 };
 
 // One event of a request's stream. token_ids are new tokens (tokens 2..N: the first token reached

@@ -46,7 +46,15 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
                                config_.name);
   }
   const auto& senders = seq->admit.kv_senders;
-  if (!senders.empty() && std::find(senders.begin(), senders.end(), h.sender) == senders.end()) {
+  const std::string& certificate = seq->admit.kv_sender_certificate;
+  if (!certificate.empty()) {
+    if (h.sender_certificate != certificate) {
+      return permission_denied("KV for request " + id + " comes from a peer proving " +
+                               (h.sender_certificate.empty() ? std::string("no certificate")
+                                                             : "certificate '" + h.sender_certificate + "'") +
+                               ", not the prefill worker's its Admit named");
+    }
+  } else if (!senders.empty() && std::find(senders.begin(), senders.end(), h.sender) == senders.end()) {
     return permission_denied("KV for request " + id + " comes from " + h.sender +
                              ", not from the prefill worker its Admit named");
   }

@@ -218,7 +218,8 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
   const auto asked = steady_deadline(context->deadline());
   admit.deadline = asked ? std::min(*asked, attach_by) : attach_by;
   admit.owner = peer_identity(*context);
-  if (!request->kv_sender().empty()) {
+  admit.kv_sender_certificate = request->kv_sender_certificate();
+  if (!request->kv_sender().empty() && admit.kv_sender_certificate.empty()) {
     admit.kv_senders = peer_hosts_of(request->kv_sender());
     if (admit.kv_senders.empty()) {
       auto* reactor = context->DefaultReactor();

@@ -60,6 +60,7 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   const baton::v1::KvDeviceOpen& open = message.open();
   KvTransferHeader header = kv_header_from_proto(open.header());
   header.sender = peer_host(context->peer());
+  header.sender_certificate = peer_certificate(*context);
   BATON_RETURN_IF_ERROR(check.begin(std::move(header)));
   const std::string& id = check.header().request_id;
   // The header decides, once, who takes this transfer: a probe never reaches the engine.

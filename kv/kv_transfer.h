@@ -28,6 +28,7 @@ struct KvTransferHeader {
   int32_t n_tokens = 0;
   std::vector<int32_t> token_ids;  // the n_tokens tokens whose KV this is
   std::string sender;              // receiving side: the sending peer's host (common/tls.h peer_identity's first part)
+  std::string sender_certificate;  // receiving side: what its TLS certificate proves ("" without mTLS)
   // A synthetic transfer that measures the link (kv/kv_probe.h): receivers check it like any KV
   // and hand it to their probe sink instead of the engine.
   bool probe = false;

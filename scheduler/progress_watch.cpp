@@ -19,17 +19,22 @@ Status ProgressConfig::validate() const {
 double progress_bound(const ProgressConfig& config, const ProgressInputs& in) {
   const double rate = std::max(in.prefill_tokens_per_second, config.min_prefill_tokens_per_second);
   const double tokens = static_cast<double>(std::max<int64_t>(in.tokens, 0));
+  // A worker that has not stepped yet (cold: its first steps also build kernels) is given a step
+  // of kUnmeasuredStepTokens prompt tokens at the floor rate.
+  const double unmeasured = kUnmeasuredStepTokens / config.min_prefill_tokens_per_second;
+  const double decode_step = in.decode_step_seconds > 0 ? in.decode_step_seconds : unmeasured;
+  const double prefill_step = in.prefill_step_seconds > 0 ? in.prefill_step_seconds : unmeasured;
   double expected = 0;
   switch (in.phase) {
     case ProgressInputs::Phase::kAdmitting: break;
     case ProgressInputs::Phase::kPrefill:
       // The worker reports progress after every step: one step, or for a worker that has not
       // stepped yet, the whole prompt (and what is ahead of it) at the floor rate.
-      expected = in.prefill_step_seconds > 0 ? in.prefill_step_seconds : tokens / rate;
+      expected = in.prefill_step_seconds > 0 ? in.prefill_step_seconds : std::max(tokens / rate, unmeasured);
       break;
-    case ProgressInputs::Phase::kLocalPrefill: expected = tokens / rate + in.decode_step_seconds; break;
+    case ProgressInputs::Phase::kLocalPrefill: expected = tokens / rate + decode_step; break;
     case ProgressInputs::Phase::kDecoding:
-      expected = in.decode_step_seconds + tokens / rate + (in.handoff_in_flight ? in.prefill_step_seconds : 0);
+      expected = decode_step + tokens / rate + (in.handoff_in_flight ? prefill_step : 0);
       break;
   }
   return config.grace_seconds + config.slack * expected;

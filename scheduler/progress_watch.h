@@ -22,7 +22,8 @@
 // scheduling hiccup. slack (--progress-slack) is how many times slower than reported a worker
 // may be before it counts as stuck. Step times are each worker's slowest recent step (a max that
 // decays), rates its measured prompt tokens per second; a worker that has measured nothing yet is
-// assumed to prefill at --progress-min-prefill-rate.
+// assumed to prefill at --progress-min-prefill-rate, and to take a step of kUnmeasuredStepTokens
+// prompt tokens at that rate (its first steps are slow: they build their kernels).
 //
 // Not covered: a decode sequence waiting for one of --max-batch slots (more sequences running
 // than the batch holds) waits for another to finish, which no report bounds; with the default
@@ -41,6 +42,8 @@
 #include "scheduler/clock.h"
 
 namespace baton {
+
+inline constexpr double kUnmeasuredStepTokens = 64;
 
 struct ProgressConfig {
   bool enabled = true;                  // false: no watchdog (an attempt waits as long as its deadline)

@@ -244,6 +244,11 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   call.ignore_eos = req_.ignore_eos;
   call.model_fingerprint = req_.model_fingerprint;
   call.kv_sender = placement.prefill_address;
+  if (!placement.prefill_address.empty()) {
+    if (const auto prefill = deps_.registry->find(WorkerRole::kPrefill, placement.prefill_address)) {
+      call.kv_sender_certificate = prefill->load.certificate;
+    }
+  }
   if (placement.prefill_address.empty()) {  // local prefill: the decode worker prefills it itself
     call.prefill_ids = req_.prompt_ids;
     call.prefill_ids.insert(call.prefill_ids.end(), emitted_.begin(), emitted_.end());

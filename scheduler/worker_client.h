@@ -33,6 +33,7 @@ struct AdmitCall {
   bool ignore_eos = false;
   std::string model_fingerprint;
   std::string kv_sender;  // the prefill worker's address: the only host the decode worker takes this KV from
+  std::string kv_sender_certificate;  // under mTLS, what its certificate proved: checked instead of the host
   // Non-empty: no prefill worker; the decode worker prefills these n_prompt_tokens tokens itself and
   // its stream starts with the first token (DecodeUpdate::first_token_included).
   std::vector<int32_t> prefill_ids;

@@ -62,6 +62,9 @@ struct WorkerLoad {
   // queued_prompt_tokens of a decode worker: those it prefills itself.
   double step_seconds = 0;
   double prefill_tokens_per_second = 0;
+  // What its TLS certificate proved when the report was fetched ("" without mTLS): a prefill
+  // worker's is what decode workers take its KV by.
+  std::string certificate;
   // prefill: its prefix cache (kv/prefix_hash.h): the most blocks it caches (0: no cache), the
   // root of its block hash chain, and the hashes of the blocks it reported cached (null: none).
   // Shared: snapshots copy a pointer, not the set.

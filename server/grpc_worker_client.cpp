@@ -17,6 +17,7 @@ v1::AdmitRequest to_proto(const AdmitCall& c) {
   r.set_ignore_eos(c.ignore_eos);
   r.set_model_fingerprint(c.model_fingerprint);
   r.set_kv_sender(c.kv_sender);
+  r.set_kv_sender_certificate(c.kv_sender_certificate);
   r.mutable_prefill_token_ids()->Add(c.prefill_ids.begin(), c.prefill_ids.end());
   return r;
 }

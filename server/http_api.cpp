@@ -206,6 +206,14 @@ Result<std::unique_ptr<HttpApi>> HttpApi::start(const HttpApiConfig& config, Fro
     return httplib::Server::HandlerWithContentReader(
         [self, &fc, limit, endpoint](const httplib::Request& req, httplib::Response& res,
                                      const httplib::ContentReader& reader) {
+          // The key before the body: a caller without one gets its 401 after the headers, and
+          // not a byte of its body is read or held (the connection closes on the rest).
+          if (Status st = check_key(fc, req); !st.ok()) {
+            if (fc.metrics) fc.metrics->requests_total.Add({{"code", status_code_name(st.code())}}).Increment();
+            set_error_response(res, st);
+            res.set_header("Connection", "close");
+            return;
+          }
           int http_status = 0;
           auto body = read_body(reader, res, limit, &http_status);
           if (!body.ok()) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/grpc_status.h"
+#include "common/tls.h"
 
 namespace baton {
 
@@ -168,6 +169,7 @@ void WorkerPool::poll_role(WorkerRole role) {
     load.local_prefill_max_tokens = rep.local_prefill_max_tokens();
     load.step_seconds = rep.step_seconds();
     load.prefill_tokens_per_second = rep.prefill_tokens_per_second();
+    load.certificate = peer_certificate(ctx);
     load.prefix_cache_blocks = rep.prefix_cache_blocks();
     load.prefix_hash_seed = rep.prefix_hash_seed();
     if (rep.cached_block_hashes_size() > 0) {

@@ -166,6 +166,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
   Status on_header() {
     KvTransferHeader header = kv_header_from_proto(message_.header());
     header.sender = peer_host(context_->peer());
+    header.sender_certificate = peer_certificate(*context_);
     BATON_RETURN_IF_ERROR(check_.begin(std::move(header)));
     // The header decides, once, who takes this transfer: a probe never reaches the engine.
     if (check_.header().probe && probe_ == nullptr) {

@@ -430,6 +430,52 @@ def test_kv_only_from_the_prefill_worker_the_admit_named(pb, pki, test_model, se
         assert code != grpc.StatusCode.PERMISSION_DENIED, details
 
 
+
+def test_under_mtls_kv_only_from_the_certificate_the_admit_named(pb, pki, test_model, server_factory):
+    """Under mTLS the decode worker takes a request's KV from the peer proving the certificate the
+    Admit named (kv_sender_certificate: what the prefill worker proved to the frontend), not from
+    whoever connects from the prefill worker's host: another deployment member on that host, with
+    a certificate of the same CA, is refused."""
+    decode = server_factory(test_model, *internal_flags(pki, "decode"), subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(test_model, *internal_flags(pki, "prefill"), subcommand=("serve", "--role", "prefill"))
+    # What the frontend learns of the prefill worker's certificate, in gRPC's own words: its
+    # subject as the decode worker's refusal quotes it for the prefill worker's own connection.
+    with grpc.secure_channel(decode.address, creds(pki.internal_ca, pki.roles["frontend"])) as ch:
+        stub = pb.worker_grpc.DecodeWorkerStub(ch)
+        load = stub.GetLoad(pb.worker.LoadRequest(), timeout=5)
+        fingerprint, kv_dtype = load.model_fingerprint, load.kv_dtype
+
+        def transfer(sender_leaf, certificate):
+            rid = os.urandom(16).hex()
+            stub.Admit(pb.worker.AdmitRequest(request_id=rid, n_prompt_tokens=8, max_tokens=4,
+                                              kv_sender=prefill.address, kv_sender_certificate=certificate,
+                                              model_fingerprint=fingerprint), timeout=10)
+            header = pb.worker.KvHeader(request_id=rid, model_fingerprint=fingerprint, dtype=kv_dtype, n_layers=2,
+                                        n_kv_heads=2, head_dim=16, n_tokens=8, token_ids=PROMPT)
+            try:
+                with grpc.secure_channel(decode.address, creds(pki.internal_ca, sender_leaf)) as sch:
+                    pb.worker_grpc.DecodeWorkerStub(sch).TransferKv(iter([pb.worker.KvMessage(header=header)]),
+                                                                    timeout=10)
+                return grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+            finally:
+                stub.Release(pb.worker.ReleaseRequest(request_id=rid), timeout=5)
+
+        # The insider connects from the prefill worker's host (loopback): the address check passed
+        # it; the certificate check does not.
+        code, details = transfer(pki.insider_b, "no-such-certificate")
+        assert code == grpc.StatusCode.PERMISSION_DENIED, details
+        assert "not the prefill worker's" in details, details
+        proved = details.split("certificate '", 1)[1].split("'", 1)[0]  # the insider's subject, as gRPC words it
+        assert "baton-other" in proved, details
+        prefill_subject = proved.replace("baton-other", "baton-prefill")
+        code, details = transfer(pki.insider_b, prefill_subject)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, details
+        # The prefill worker's own certificate passes that check (and ends on the missing chunks).
+        code, details = transfer(pki.roles["prefill"], prefill_subject)
+        assert code != grpc.StatusCode.PERMISSION_DENIED, details
+
 def test_invalid_utf8_names_the_field(pb, shared_server):
     def call(request, mark):
         raw = request.SerializeToString()
