@@ -22,6 +22,7 @@ import os
 import random
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import threading
@@ -415,6 +416,48 @@ def test_a_rotated_certificate_applies_to_new_https_connections(test_model, serv
             time.sleep(0.5)
     with pytest.raises(httpx2.HTTPError):  # the old CA no longer verifies the server
         httpx2.get(url, verify=trust(old_ca), timeout=10)
+
+
+def test_the_api_key_is_checked_before_the_body_is_read(test_model, server_factory, tmp_path):
+    """A caller without a valid key gets its 401 once its headers are in: no byte of the body is
+    waited for or held. 40 such callers announce 4 MiB bodies each and send none: each is answered
+    at once (before, each held a handler thread until the read timeout, buffering what came)."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(KEY + "\n")
+    srv = server_factory(test_model, "--api-key-file", keys, *HTTP)
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Authorization: Bearer wrong-key-0123456789abcdef\r\nContent-Length: 4194000\r\n\r\n")
+    socks = []
+    t0 = time.monotonic()
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+        s.sendall(head.encode())
+        socks.append(s)
+    for s in socks:
+        reply = s.recv(4096).decode(errors="replace")
+        assert reply.startswith("HTTP/1.1 401"), reply[:200]
+        s.close()
+    assert time.monotonic() - t0 < 5
+    # A caller with the key is served as before.
+    r = httpx2.post(f"{srv.http_url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_an_http_request_ends_at_max_request_seconds(test_model, server_factory):
+    """--max-request-seconds caps HTTP requests as it caps gRPC ones: a client that sets no
+    deadline still gets its answer when the cap passes. Here the request waits for workers that
+    never come (--no-worker-timeout is longer): 504 after 2 s, where it waited the full 60 s."""
+    nowhere = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    srv = server_factory(test_model, "--prefill-addresses", nowhere[0], "--decode-addresses", nowhere[1],
+                         "--no-worker-timeout", "60", "--max-request-seconds", "2", *HTTP,
+                         subcommand=("serve", "--role", "frontend"))
+    t0 = time.monotonic()
+    r = httpx2.post(f"{srv.http_url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 8}, timeout=90)
+    took = time.monotonic() - t0
+    assert r.status_code == 504, r.text
+    assert "deadline" in r.json()["error"]["message"], r.text
+    assert 1.5 < took < 10, took
 
 
 def test_oversized_body_is_413_naming_the_limit(test_model, server_factory):
