@@ -39,6 +39,8 @@ TEST_CASE("progress bound: grace plus slack times what the workers report", "[pr
   in.tokens = 0;
   in.handoff_in_flight = true;
   CHECK(progress_bound(c, in) == Approx(1.5 + 3 * (0.05 + 0.4)));
+  in.decode_step_seconds = in.prefill_step_seconds = 0;  // cold workers: 64 tokens at the floor rate
+  CHECK(progress_bound(c, in) == Approx(1.5 + 3 * (0.64 + 0.64)));
 
   CHECK(c.validate().ok());
   c.slack = 0.5;
