@@ -25,6 +25,10 @@
 // assumed to prefill at --progress-min-prefill-rate, and to take a step of kUnmeasuredStepTokens
 // prompt tokens at that rate (its first steps are slow: they build their kernels).
 //
+// With no other worker of the stuck role to move to (a deployment of one decode worker), the
+// attempt keeps waiting for the stuck one rather than fail over onto it again, and moves once
+// another can take work.
+//
 // Not covered: a decode sequence waiting for one of --max-batch slots (more sequences running
 // than the batch holds) waits for another to finish, which no report bounds; with the default
 // placement by free KV blocks that wait is rare, and when it outlasts the bound the request moves

@@ -489,6 +489,13 @@ ProgressInputs RequestPipeline::progress_inputs_locked() const {
   return in;
 }
 
+bool RequestPipeline::another_worker(WorkerRole role, const std::string& address) const {
+  for (const WorkerSnapshot& w : deps_.registry->snapshot(role)) {
+    if (w.address != address && w.can_place()) return true;
+  }
+  return false;
+}
+
 void RequestPipeline::check_progress(TimePoint now) {
   Guard g(*this);
   if (!deps_.config.progress.enabled) return;
@@ -506,6 +513,19 @@ void RequestPipeline::check_progress(TimePoint now) {
                 deps_.config.progress.grace_seconds, deps_.config.progress.slack);
   const Status cause = unavailable(what);
   using Phase = ProgressInputs::Phase;
+  // Failing over to the same stuck worker gains nothing: with no other worker to move to, the
+  // attempt waits for this one (said once in the log) and moves when another turns up.
+  const bool decode_side = in.phase != Phase::kPrefill;
+  const bool prefill_side = in.phase == Phase::kPrefill || (in.phase == Phase::kDecoding && in.handoff_in_flight);
+  const bool elsewhere = (decode_side && another_worker(WorkerRole::kDecode, attempt_.placement.decode_address)) ||
+                         (prefill_side && another_worker(WorkerRole::kPrefill, attempt_.placement.prefill_address));
+  if (!elsewhere) {
+    if (!attempt_.stuck_logged) {
+      attempt_.stuck_logged = true;
+      spdlog::warn("req={}: {}; no other worker to move to, waiting for this one", log_name(), what);
+    }
+    return;
+  }
   switch (in.phase) {
     case Phase::kAdmitting:
       deps_.registry->report_down(WorkerRole::kDecode, attempt_.placement.decode_address);

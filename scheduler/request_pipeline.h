@@ -152,6 +152,7 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
     std::vector<int32_t> early;       // decode tokens that overtook the first token
     bool decode_done = false;
     TimePoint last_progress{};        // its last event (placement counts as one)
+    bool stuck_logged = false;        // past its progress bound with nowhere else to go (logged once)
   };
   class Guard;  // the mutex, plus scheduler calls to make once it is released
 
@@ -175,6 +176,8 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   void emit_locked(Guard& g, std::span<const int32_t> ids);
   // What the current attempt's progress bound is computed from (registry reports).
   ProgressInputs progress_inputs_locked() const;
+  // Whether a worker of `role` other than `address` may take work now.
+  bool another_worker(WorkerRole role, const std::string& address) const;
   void maybe_complete_locked(Guard& g);
   // A worker failed the attempt: another attempt, or the end when none is left. `who`: the
   // role at fault as the client reads it ("the decode worker"); `cause`: what it said.

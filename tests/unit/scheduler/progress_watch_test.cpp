@@ -158,3 +158,36 @@ TEST_CASE("pipeline: a worker that goes silent is failed over after its progress
     }
   }
 }
+
+TEST_CASE("pipeline: a silent worker with no other of its role to move to is waited for, not failed over onto",
+          "[pipeline][progress]") {
+  using Kind = FakeWorkers::Call::Kind;
+  std::mt19937 rng(test_seed("pipeline progress, one decode worker"));
+  World w(1, 1);
+  ProgressWatch watch;
+  w.deps.watch = &watch;
+  w.deps.config.progress.grace_seconds = 1.0;
+  w.deps.config.progress.slack = 2.0;
+  w.decode_step_seconds = 0.1;
+  w.poll();
+  const auto prompt = prompt_without_eos(rng, 12);
+  auto sink = std::make_shared<RecordingSink>();
+  auto p = w.start(sink, prompt, 12);
+  for (int i = 0; i < 1000 && sink->tokens.size() < 3; ++i) w.workers.step(w.workers.ready().at(0));
+  REQUIRE(p->state() == PipelineState::kDecoding);
+  const std::string stuck = open_call_address(w.workers, Kind::kStream);
+  w.workers.hung.insert(stuck);
+  for (int i = 0; i < 10; ++i) {  // 10 s: five times the bound
+    w.h.clock.advance(std::chrono::seconds(1));
+    watch.check(w.h.clock.now());
+  }
+  CHECK(sink->failovers.empty());
+  CHECK(sink->n_end == 0);
+  w.workers.hung.erase(stuck);  // it moves again: the stream goes on where it was
+  w.run();
+  REQUIRE(sink->n_end == 1);
+  CHECK(sink->status.ok());
+  CHECK(sink->tokens == reference(prompt, 12, false));
+  CHECK(sink->outcome.failovers == 0);
+  w.check_clean();
+}
