@@ -23,4 +23,6 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 (cd build-asan && ctest --output-on-failure -j 1)
 # The failover tests' worker outage is shortened here: what it proves under a long outage (the
 # capped reconnect backoff) the Release run has shown; here it is the kills that matter.
-BATON_TEST_OUTAGE_SECONDS=20 BATON_BIN="$PWD/build-asan/baton" "$BATON_VENV/bin/python" -m pytest -q -rs tests/integration
+# The hang tests' time bound is scaled likewise (their progress watchdog follows the slower steps).
+BATON_TEST_OUTAGE_SECONDS=20 BATON_TEST_TIME_SCALE=3 BATON_BIN="$PWD/build-asan/baton" "$BATON_VENV/bin/python" \
+  -m pytest -q -rs tests/integration

@@ -31,7 +31,10 @@ from test_failover import (WORKER_FLAGS, assert_same_as_undisturbed, failover_mo
                            run_all, start_streams)
 
 MAX_TOKENS = 320
-ALLOWANCE_S = 3.0  # the issue's bound: 3 s + one re-prefill from the fault to the next token
+# The bound: 3 s + one re-prefill from the fault to the next token. scripts/sanitize.sh scales it
+# (BATON_TEST_TIME_SCALE): under ASan every step is slower and so is the watchdog's bound, which
+# follows the steps; there the streams' outcome is what counts, the Release run proves the time.
+ALLOWANCE_S = 3.0 * float(os.environ.get("BATON_TEST_TIME_SCALE", "1"))
 
 
 def worker(server_factory, model, role, *extra, listen="127.0.0.1:0", wrapper=()):
