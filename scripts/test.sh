@@ -2,7 +2,8 @@
 # Sets up and runs every test: installs dependencies, builds, fetches the real model, then the
 # unit tests (ctest, full build and engine-only build), the end-to-end tests against independent
 # references, the serving tests over real processes and the deployment tests (pytest), the GGUF
-# fuzzer for 60 s, and the unit and serving tests again under ASan + UBSan.
+# fuzzer for 60 s, the unit and serving tests again under ASan + UBSan, and the gRPC-free threaded
+# parts under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -29,3 +30,5 @@ cmake --build build-engine -j "$(nproc)"
 ./scripts/fuzz-gguf.sh 60
 # ASan + UBSan over the unit tests and the serving tests.
 ./scripts/sanitize.sh
+# TSan over the pipeline, the scheduler, both engines, the KV pool and the prefix cache.
+./scripts/tsan.sh
