@@ -1,15 +1,15 @@
 #include "server/frontend.h"
 
-#include <algorithm>
-
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
 
 #include "common/grpc_status.h"
+#include "common/thread_name.h"
 
 namespace baton {
 
@@ -98,14 +98,16 @@ Frontend::~Frontend() { stop(); }
 void Frontend::start() {
   pool_->poll_now();
   pool_->start();
+  if (!context_.pipeline.config.progress.enabled) return;
   std::lock_guard<std::mutex> lock(watch_mu_);
   if (!watch_thread_.joinable()) watch_thread_ = std::thread([this] { watch_loop(); });
 }
 
 void Frontend::watch_loop() {
-  // A tenth of the grace (at most 100 ms): a stuck attempt is seen within 10 % past its bound.
-  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::duration<double>(std::min(0.1, context_.pipeline.config.progress.grace_seconds / 10)));
+  set_thread_name("progress-watch");
+  // A tenth of the grace, within [10 ms, 100 ms]: a stuck attempt is seen within 10 % past its bound.
+  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(
+      std::clamp(context_.pipeline.config.progress.grace_seconds / 10, 0.01, 0.1)));
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!watch_cv_.wait_for(lock, tick, [this] { return watch_stopping_; })) {
     lock.unlock();
