@@ -5,10 +5,6 @@
 namespace baton {
 namespace {
 
-// The /metrics server (civetweb): threads, and how long a connection may take to send its request.
-constexpr int kMetricsThreads = 32;
-constexpr int kMetricsRequestTimeoutMs = 5000;
-
 // Latency buckets from 1 ms to ~2 min (prefill of long prompts on CPU takes seconds).
 const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
@@ -79,28 +75,6 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
 
 prometheus::Histogram& Metrics::histogram(prometheus::Family<prometheus::Histogram>& f, const prometheus::Labels& labels) {
   return f.Add(labels, &f == &prefill_step_tokens ? kTokenBuckets : kSecondsBuckets);
-}
-
-Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& listen,
-                                                            std::shared_ptr<prometheus::Registry> registry) {
-  auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
-  try {
-    // A connection holds a civetweb worker thread while it is open: with few threads, a handful
-    // of idle or slow clients would blind monitoring. Many threads (they sleep), and a request
-    // timeout that closes connections which send nothing.
-    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", listen, "num_threads", std::to_string(kMetricsThreads), "request_timeout_ms",
-        std::to_string(kMetricsRequestTimeoutMs), "enable_keep_alive", "no"});
-  } catch (const std::exception& e) {
-    return Status(StatusCode::kUnavailable, "cannot serve metrics on '" + listen + "': " + e.what());
-  }
-  server->exposer_->RegisterCollectable(registry);
-  return server;
-}
-
-int MetricsServer::port() const {
-  auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
 }
 
 }  // namespace baton

@@ -1,12 +1,11 @@
-// baton's Prometheus metrics (names, units and labels as in DESIGN.md) and the /metrics
-// endpoint. One Metrics object per registry: `baton local` shares one across its roles (one
+// baton's Prometheus metrics (names, units and labels as in DESIGN.md); server/metrics_server.h
+// serves them on /metrics. One Metrics object per registry: `baton local` shares one across its roles (one
 // /metrics), `baton serve` has one per process. Each role labels its samples with
 // role="frontend|prefill|decode" and worker="<listen address>".
 #pragma once
 
 #include <memory>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -65,18 +64,6 @@ class Metrics {
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
   std::shared_ptr<prometheus::Registry> registry_;
-};
-
-// Serves /metrics of a registry over HTTP. INVALID_ARGUMENT / UNAVAILABLE when the address
-// cannot be bound.
-class MetricsServer {
- public:
-  static Result<std::unique_ptr<MetricsServer>> start(const std::string& listen, std::shared_ptr<prometheus::Registry> registry);
-  // The bound port (useful with port 0).
-  int port() const;
-
- private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
 };
 
 }  // namespace baton

@@ -14,42 +14,16 @@
 
 #include "server/frontend.h"
 #include "server/http_call.h"
+#include "server/http_front.h"
 #include "server/http_tls.h"
 #include "server/openai_json.h"
 
 namespace baton {
 namespace {
 
-// The kernel's queue of connections not yet accepted. cpp-httplib listens with a backlog of 5:
-// a burst of clients connecting at once would wait for SYN retransmits (1 s, then 3 s).
-constexpr int kListenBacklog = 1024;
 // A chunked request body past the limit is read on (and dropped) up to this many times the
 // limit, so the client can read the 413; beyond that the connection is closed.
 constexpr size_t kDiscardFactor = 16;
-
-// cpp-httplib servers with the listening socket in reach (a protected member).
-template <class Base>
-class Listener final : public Base {
- public:
-  using Base::Base;
-  int listening_socket() const { return this->svr_sock_; }
-};
-
-// "host:port", "[v6]:port" → (host, port).
-Result<std::pair<std::string, int>> split_address(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) {
-    return invalid_argument("--http-listen '" + address + "' is not host:port");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  char* end = nullptr;
-  const long port = std::strtol(address.c_str() + colon + 1, &end, 10);
-  if (*end != 0 || port < 0 || port > 65535 || host.empty()) {
-    return invalid_argument("--http-listen '" + address + "' is not host:port");
-  }
-  return std::make_pair(host, static_cast<int>(port));
-}
 
 int port_of(const sockaddr_storage& a) {
   if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
@@ -163,39 +137,23 @@ Status check_key(FrontendContext& fc, const httplib::Request& req) {
 }  // namespace
 
 Result<std::unique_ptr<HttpApi>> HttpApi::start(const HttpApiConfig& config, Frontend& frontend) {
-  BATON_ASSIGN_OR_RETURN(const auto where, split_address(config.listen));
+  BATON_ASSIGN_OR_RETURN(const auto where, split_listen_address(config.listen, "--http-listen"));
   auto api = std::unique_ptr<HttpApi>(new HttpApi());
-  std::function<int()> listening_socket;
   if (!config.tls.cert.empty()) {
     BATON_ASSIGN_OR_RETURN(api->tls_, TlsIdentity::load(config.tls, config.tls_refresh));
-    auto server = std::make_unique<Listener<httplib::SSLServer>>(
-        [identity = api->tls_.get()](SSL_CTX& ctx) { return identity->configure(ctx); });
-    if (!server->is_valid()) return invalid_argument("--tls-cert / --tls-key: the HTTP API cannot use them");
-    listening_socket = [s = server.get()] { return s->listening_socket(); };
-    api->server_ = std::move(server);
-  } else {
-    auto server = std::make_unique<Listener<httplib::Server>>();
-    listening_socket = [s = server.get()] { return s->listening_socket(); };
-    api->server_ = std::move(server);
+    api->tls_ctx_.reset(SSL_CTX_new(TLS_server_method()));
+    if (!api->tls_ctx_ || !api->tls_->configure(*api->tls_ctx_)) {
+      return invalid_argument("--tls-cert / --tls-key / --tls-client-ca: the HTTP API cannot use them");
+    }
   }
-  // Writes to a connection the client closed must fail (EPIPE), not end the process: cpp-httplib
-  // sends without MSG_NOSIGNAL.
+  // Writes to a connection the client closed must fail (EPIPE), not end the process (cpp-httplib's
+  // own writes send without MSG_NOSIGNAL).
   std::signal(SIGPIPE, SIG_IGN);
 
+  // cpp-httplib routes and answers each request; server/http_front.h reads the heads and runs
+  // the requests on its threads.
+  api->server_ = std::make_unique<httplib::Server>();
   httplib::Server& s = *api->server_;
-  const int n_threads = config.n_threads;
-  s.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
-  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server bind the same port
-  // and take half its connections.
-  s.set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  s.set_tcp_nodelay(true);  // each SSE chunk leaves at once
-  s.set_keep_alive_timeout(kIdleTimeout.count());
-  s.set_keep_alive_max_count(1000);
-  s.set_read_timeout(kIoTimeout.count());
-  s.set_write_timeout(kIoTimeout.count());
   s.set_payload_max_length(config.max_body_bytes);
 
   FrontendContext& fc = frontend.context();
@@ -277,28 +235,34 @@ Result<std::unique_ptr<HttpApi>> HttpApi::start(const HttpApiConfig& config, Fro
   });
 
   const auto& [host, port] = where;
-  api->port_ = port == 0 ? s.bind_to_any_port(host) : (s.bind_to_port(host, port) ? port : -1);
-  if (api->port_ <= 0) return unavailable("--http-listen: cannot listen on '" + config.listen + "' (in use, or a bad address)");
-  ::listen(listening_socket(), kListenBacklog);
-  api->thread_ = std::thread([self] { self->server_->listen_after_bind(); });
-  // stop() before the accept loop runs would not stop it.
-  while (!s.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  HttpFrontConfig fc_config;
+  fc_config.host = host;
+  fc_config.port = port;
+  fc_config.tls = api->tls_ctx_.get();
+  fc_config.n_threads = config.n_threads;
+  fc_config.head_timeout = kHeadTimeout;
+  fc_config.idle_timeout = kIdleTimeout;
+  fc_config.io_timeout = kIoTimeout;
+  auto front = HttpFront::start(fc_config, s);
+  if (!front.ok()) {
+    return unavailable("--http-listen: cannot listen on '" + config.listen + "' (in use, or a bad address)");
+  }
+  api->front_ = std::move(*front);
+  api->port_ = api->front_->port();
   return api;
 }
 
 HttpApi::~HttpApi() { stop(); }
 
 void HttpApi::stop() {
-  if (!thread_.joinable()) return;
+  if (!front_ || stopping_.exchange(true)) return;
   // Requests in flight see `stopping_` within a poll interval and end UNAVAILABLE (a stream with
   // its error event); then the accept loop ends and the pool's threads are joined.
-  stopping_ = true;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (live_.load() > 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  server_->stop();
-  thread_.join();
+  front_->stop();
 }
 
 }  // namespace baton

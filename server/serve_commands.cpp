@@ -13,6 +13,7 @@
 #include "common/cpu_set.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "server/metrics_server.h"
 #include "server/engine_commands.h"
 #include "server/serve_flags.h"
 #include "server/serve_roles.h"

@@ -74,7 +74,8 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
                 "/v1/models, /health) on host:port (off unless set)")
       ->envname("BATON_HTTP_LISTEN");
   c->add_option("--http-threads", a.http_threads,
-                "Frontend: HTTP connections served at once (a streamed response holds one for its whole life)")
+                "Frontend: HTTP requests served at once (a streamed response holds one for its whole life; idle and "
+                "slow connections hold none)")
       ->check(CLI::Range(4, 65536))
       ->envname("BATON_HTTP_THREADS");
   c->add_option("--max-failovers", a.max_failovers,

@@ -41,7 +41,7 @@ struct ServeArgs {
   double worker_keepalive_timeout_seconds = 5;
   int max_message_bytes = 4 << 20;  // public API: one request message (gRPC) or body (HTTP)
   std::string http_listen;  // "" = no OpenAI-compatible HTTP API
-  int http_threads = 512;   // HTTP connections served at once
+  int http_threads = 512;   // HTTP requests served at once (idle connections hold no thread)
   double no_worker_timeout = 5.0;  // seconds
   int64_t max_queued_prompt_tokens = 256 * 1024;
   std::string chat_template;

@@ -2,9 +2,9 @@
 //
 // Why: a library linked at start-up puts its thread-local storage in every thread's static TLS
 // block, carved out of the thread's stack. libcublasLt's is ~94 KiB, more than the small stacks
-// some libraries give their threads (civetweb's, under prometheus-cpp's /metrics server, fails
-// pthread_create with EINVAL), so a CPU-only `baton serve` would break just for having CUDA
-// built in. Loaded with dlopen, its TLS is allocated per thread on first use instead.
+// some libraries give their threads (civetweb's, under the prometheus-cpp /metrics server baton
+// once used, failed pthread_create with EINVAL), so a CPU-only `baton serve` would break just
+// for having CUDA built in. Loaded with dlopen, its TLS is allocated per thread on first use instead.
 #pragma once
 
 #include <cublasLt.h>

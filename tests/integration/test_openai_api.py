@@ -418,6 +418,65 @@ def test_a_rotated_certificate_applies_to_new_https_connections(test_model, serv
         httpx2.get(url, verify=trust(old_ca), timeout=10)
 
 
+def test_idle_and_slow_header_connections_starve_nothing(test_model, server_factory):
+    """2,000 connections, 250 times the 8 request threads: half send nothing, half half a request
+    line. A completion request and a scrape are still answered at once (before, a thread served a
+    connection for its life: the completion waited out the 30 s read timeout of hundreds of them).
+    The time figures are bench/slow_clients.py's; here the limit is the client's 5 s."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2600:
+        pytest.skip(f"2,200 connections need more descriptors than the hard limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2600), hard))
+    srv = server_factory(test_model, "--http-threads", "8", *HTTP)
+    slow = []
+    try:
+        for i in range(2000):
+            s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+            if i % 2:
+                s.sendall(b"POST /v1/compl")
+            slow.append(s)
+        for i in range(200):
+            s = socket.create_connection(("127.0.0.1", srv.metrics_port), timeout=5)
+            if i % 2:
+                s.sendall(b"GET /metr")
+            slow.append(s)
+        r = httpx2.post(f"{srv.http_url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 4}, timeout=5)
+        assert r.status_code == 200, r.text
+        assert "baton_" in srv.metrics()
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_a_request_head_must_arrive_in_time_and_fit(test_model, server_factory):
+    """A client that trickles its request head (a byte a second: every read makes progress, so no
+    read timeout ends it) is cut off 10 s after it connected; a head over 64 KiB gets 431."""
+    srv = server_factory(test_model, *HTTP)
+    s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=30)
+    t0 = time.monotonic()
+    closed_after = None
+    try:
+        for b in b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 40:
+            s.sendall(bytes([b]))
+            time.sleep(0.5)
+            if time.monotonic() - t0 > 25:
+                break
+    except OSError:
+        closed_after = time.monotonic() - t0
+    if closed_after is None:
+        s.settimeout(5)
+        try:
+            closed_after = time.monotonic() - t0 if s.recv(1) == b"" else None
+        except OSError:
+            closed_after = time.monotonic() - t0
+    assert closed_after is not None and closed_after < 15, closed_after
+    s.close()
+    with socket.create_connection(("127.0.0.1", srv.http_port), timeout=10) as big:
+        big.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"z" * (70 << 10) + b"\r\n\r\n")
+        assert big.recv(64).startswith(b"HTTP/1.1 431"), "no 431"
+
+
 def test_the_api_key_is_checked_before_the_body_is_read(test_model, server_factory, tmp_path):
     """A caller without a valid key gets its 401 once its headers are in: no byte of the body is
     waited for or held. 40 such callers announce 4 MiB bodies each and send none: each is answered
