@@ -24,5 +24,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # The failover tests' worker outage is shortened here: what it proves under a long outage (the
 # capped reconnect backoff) the Release run has shown; here it is the kills that matter.
 # The hang tests' time bound is scaled likewise (their progress watchdog follows the slower steps).
+# The minute of chaos is a benchmark's short run: the Release pass runs it; here it would only
+# add its minute (the faults it makes are the hang and failover tests' own, which run here).
 BATON_TEST_OUTAGE_SECONDS=20 BATON_TEST_TIME_SCALE=3 BATON_BIN="$PWD/build-asan/baton" "$BATON_VENV/bin/python" \
-  -m pytest -q -rs tests/integration
+  -m pytest -q -rs tests/integration --deselect tests/integration/test_chaos.py::test_a_minute_of_chaos_loses_nothing
