@@ -280,6 +280,22 @@ bool less(const Value& a, const Value& b) {
   throw RenderError("'<' not supported between instances of '" + a.type_name() + "' and '" + b.type_name() + "'");
 }
 
+bool contains(const Value& seq, const Value& x) {
+  if (seq.is_string()) {
+    if (!x.is_string()) throw RenderError("'in <string>' requires a string as left operand, not " + x.type_name());
+    return seq.str().find(x.str()) != std::string::npos;
+  }
+  if (seq.is_dict()) return x.is_string() && seq.find(x.str()) != nullptr;
+  if (seq.is_list()) {
+    for (const Value& v : seq.items()) {
+      if (equals(v, x)) return true;
+    }
+    return false;
+  }
+  if (seq.is_undefined()) return false;
+  throw RenderError("argument of type '" + seq.type_name() + "' is not iterable");
+}
+
 bool is_python_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;

@@ -86,6 +86,9 @@ class Value {
 bool equals(const Value& a, const Value& b);
 // Python's <, for numbers and strings; anything else raises, as Python does.
 bool less(const Value& a, const Value& b);
+// Python's `x in seq`: a substring of a string, a key of a dict, an item of a list; false for
+// undefined; anything else raises.
+bool contains(const Value& seq, const Value& x);
 
 // Python str methods on UTF-8 text.
 bool is_python_space(uint32_t cp);

@@ -76,8 +76,7 @@ std::string replace_all(std::string_view text, std::string_view from, std::strin
   }
 }
 
-// The bytes a SentencePiece token text stands for: its byte for <0xXX>, else its text with "▁"
-// as a space.
+// The bytes a SentencePiece token text stands for: its byte for <0xXX>, else its text with "▁" as a space.
 std::string unspell_sentencepiece(std::string_view token) {
   const int byte = byte_token_value(token);
   return byte >= 0 ? std::string(1, static_cast<char>(byte)) : replace_all(token, kSpaceMark, " ");
