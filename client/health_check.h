@@ -3,7 +3,7 @@
 // `batonctl doctor` call it. The two health messages are written by hand: grpc++ installs no
 // generated code for them.
 //
-// The services a role reports (server/serve_roles.h):
+// The services a role reports (app/serve_roles.h):
 //   ""          readiness: the role takes new work (model loaded, not draining, not stalled; a
 //               frontend also needs a healthy prefill and decode worker)
 //   "liveness"  the process works: NOT_SERVING only while a worker's step loop is stalled

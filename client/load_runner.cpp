@@ -5,15 +5,12 @@
 #include <random>
 
 #include "client/final_fields.h"
+#include "common/seconds.h"
 
 namespace baton::ctl {
 namespace {
 
 using Clock = LoadRunner::Clock;
-
-double seconds_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 }  // namespace
 

@@ -77,4 +77,46 @@ prometheus::Histogram& Metrics::histogram(prometheus::Family<prometheus::Histogr
   return f.Add(labels, &f == &prefill_step_tokens ? kTokenBuckets : kSecondsBuckets);
 }
 
+EngineGauges::EngineGauges(Metrics* metrics, const std::string& role, const std::string& worker) {
+  if (metrics == nullptr) return;
+  const prometheus::Labels labels = Metrics::role_labels(role, worker);
+  waiting_ = &metrics->queue_depth.Add(labels);
+  running_ = &metrics->running_sequences.Add(labels);
+  blocks_free_ = &metrics->kv_blocks_free.Add(labels);
+  blocks_total_ = &metrics->kv_blocks_total.Add(labels);
+}
+
+void EngineGauges::set(double waiting, double running, double blocks_free, double blocks_total) {
+  if (waiting_ == nullptr) return;
+  waiting_->Set(waiting);
+  running_->Set(running);
+  blocks_free_->Set(blocks_free);
+  blocks_total_->Set(blocks_total);
+}
+
+PrefixCacheSeries::PrefixCacheSeries(Metrics* metrics, const std::string& worker) {
+  if (metrics == nullptr) return;
+  const prometheus::Labels labels = Metrics::role_labels("prefill", worker);
+  cached_blocks_ = &metrics->prefix_cache_blocks.Add(labels);
+  lookup_tokens_ = &metrics->prefix_cache_lookup_tokens_total.Add(labels);
+  hit_tokens_ = &metrics->prefix_cache_hit_tokens_total.Add(labels);
+  inserted_blocks_ = &metrics->prefix_cache_inserted_blocks_total.Add(labels);
+  evicted_blocks_ = &metrics->prefix_cache_evicted_blocks_total.Add(labels);
+}
+
+void PrefixCacheSeries::looked_up(int64_t tokens, int64_t hit_tokens) {
+  if (lookup_tokens_ == nullptr) return;
+  lookup_tokens_->Increment(static_cast<double>(tokens));
+  hit_tokens_->Increment(static_cast<double>(hit_tokens));
+}
+
+void PrefixCacheSeries::update(int64_t cached_blocks, int64_t n_inserted, int64_t n_evicted) {
+  if (cached_blocks_ == nullptr) return;
+  cached_blocks_->Set(static_cast<double>(cached_blocks));
+  inserted_blocks_->Increment(static_cast<double>(n_inserted - n_inserted_));
+  evicted_blocks_->Increment(static_cast<double>(n_evicted - n_evicted_));
+  n_inserted_ = n_inserted;
+  n_evicted_ = n_evicted;
+}
+
 }  // namespace baton

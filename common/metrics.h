@@ -66,4 +66,38 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
 };
 
+// The gauges every engine keeps for its worker (role and worker labels): requests waiting,
+// sequences running, KV blocks free and in all. Made without Metrics, set() does nothing.
+class EngineGauges {
+ public:
+  EngineGauges() = default;
+  EngineGauges(Metrics* metrics, const std::string& role, const std::string& worker);
+  void set(double waiting, double running, double blocks_free, double blocks_total);
+
+ private:
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* blocks_free_ = nullptr;
+  prometheus::Gauge* blocks_total_ = nullptr;
+};
+
+// A prefill worker's prefix-cache series (role="prefill"): blocks it holds, prompt tokens looked
+// up and found in it, blocks inserted and evicted. Made without Metrics, it does nothing.
+class PrefixCacheSeries {
+ public:
+  PrefixCacheSeries() = default;
+  PrefixCacheSeries(Metrics* metrics, const std::string& worker);
+  void looked_up(int64_t tokens, int64_t hit_tokens);
+  // The cache's size and its running totals: the counters advance by what is new since the last call.
+  void update(int64_t cached_blocks, int64_t n_inserted, int64_t n_evicted);
+
+ private:
+  prometheus::Gauge* cached_blocks_ = nullptr;
+  prometheus::Counter* lookup_tokens_ = nullptr;
+  prometheus::Counter* hit_tokens_ = nullptr;
+  prometheus::Counter* inserted_blocks_ = nullptr;
+  prometheus::Counter* evicted_blocks_ = nullptr;
+  int64_t n_inserted_ = 0, n_evicted_ = 0;  // the totals already counted
+};
+
 }  // namespace baton

@@ -1,7 +1,5 @@
 #include "decode_worker/decode_engine.h"
 
-#include "decode_worker/decode_sequence.h"
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -9,34 +7,14 @@
 
 #include "common/metrics.h"
 #include "common/thread_name.h"
+#include "decode_worker/decode_sequence.h"
 #include "model/batch.h"
 
 namespace baton {
-namespace {
 
 // A finished request whose Stream never attaches is forgotten after this long (its blocks were
 // freed when it finished; only the buffered events are kept).
 constexpr auto kUndeliveredTtl = std::chrono::minutes(2);
-
-}  // namespace
-
-Status validate_decode_config(const DecodeConfig& c) {
-  if (c.max_batch < 1) return invalid_argument("max_batch must be >= 1 (got " + n_str(c.max_batch) + ")");
-  if (c.local_prefill_max_tokens < 0) {
-    return invalid_argument("local_prefill_max_tokens must be >= 0 (got " + n_str(c.local_prefill_max_tokens) + ")");
-  }
-  if (c.local_prefill_token_budget < 1) {
-    return invalid_argument("local_prefill_token_budget must be >= 1 (got " + n_str(c.local_prefill_token_budget) +
-                            ")");
-  }
-  if (c.block_size < 1) return invalid_argument("block_size must be >= 1 (got " + n_str(c.block_size) + ")");
-  if (c.n_blocks < 1) return invalid_argument("n_blocks must be >= 1 (got " + n_str(c.n_blocks) + ")");
-  return {};
-}
-
-int64_t decode_kv_block_bytes(const ModelConfig& m, int block_size, DType kv_dtype) {
-  return int64_t{2} * m.n_layers * block_size * m.n_kv_heads * m.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
-}
 
 Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(Model& model, std::vector<int32_t> stop_ids,
                                                            const DecodeConfig& config, Metrics* metrics) {
@@ -49,14 +27,8 @@ DecodeEngine::DecodeEngine(Model& model, std::vector<int32_t> stop_ids, const De
       stop_ids_(std::move(stop_ids)),
       config_(config),
       cache_(model.make_kv_cache(config.n_blocks, config.block_size, config.kv_dtype)),
-      pool_(config.n_blocks, config.block_size) {
-  if (metrics != nullptr) {
-    const auto labels = Metrics::role_labels("decode", config.name);
-    g_running_ = &metrics->running_sequences.Add(labels);
-    g_waiting_ = &metrics->queue_depth.Add(labels);
-    g_blocks_free_ = &metrics->kv_blocks_free.Add(labels);
-    g_blocks_total_ = &metrics->kv_blocks_total.Add(labels);
-  }
+      pool_(config.n_blocks, config.block_size),
+      gauges_(metrics, "decode", config.name) {
   std::lock_guard lk(mu_);
   update_gauges_locked();
 }
@@ -107,35 +79,15 @@ Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
     return failed_precondition("request " + r.request_id + " is for model fingerprint '" + r.model_fingerprint +
                                "' but decode worker " + config_.name + " serves '" + model_.fingerprint() + "'");
   }
-  if (r.n_prompt_tokens < 1)
-    return invalid_argument("n_prompt_tokens must be >= 1 (got " + n_str(r.n_prompt_tokens) + ")");
-  if (r.max_tokens < 1) return invalid_argument("max_tokens must be >= 1 (got " + n_str(r.max_tokens) + ")");
-  const int64_t n_positions = int64_t{r.n_prompt_tokens} + r.max_tokens;
-  if (n_positions > mc.n_ctx) {
-    return invalid_argument("prompt (" + n_str(r.n_prompt_tokens) + " tokens) + max_tokens (" + n_str(r.max_tokens) +
-                            ") exceeds the model's context of " + n_str(mc.n_ctx));
-  }
-  BATON_RETURN_IF_ERROR(validate_sampling(r.sampling));
+  BATON_RETURN_IF_ERROR(r.validate_against(mc));
   const bool local = !r.prefill_tokens.empty();
-  if (local) {
-    if (static_cast<int64_t>(r.prefill_tokens.size()) > config_.local_prefill_max_tokens) {
-      return failed_precondition("request " + r.request_id + " asks decode worker " + config_.name + " to prefill " +
-                                 n_str(static_cast<int64_t>(r.prefill_tokens.size())) +
-                                 " tokens; it prefills prompts of up to " + n_str(config_.local_prefill_max_tokens) +
-                                 " tokens itself (--local-prefill-max-tokens)");
-    }
-    if (static_cast<int64_t>(r.prefill_tokens.size()) != r.n_prompt_tokens) {
-      return invalid_argument("request " + r.request_id + " has " + n_str(static_cast<int64_t>(r.prefill_tokens.size())) +
-                              " tokens to prefill but n_prompt_tokens " + n_str(r.n_prompt_tokens));
-    }
-    for (size_t i = 0; i < r.prefill_tokens.size(); ++i) {
-      if (r.prefill_tokens[i] < 0 || r.prefill_tokens[i] >= mc.n_vocab) {
-        return invalid_argument("request " + r.request_id + ": prefill token " + n_str(static_cast<int64_t>(i)) +
-                                " has id " + n_str(r.prefill_tokens[i]) + ", outside the vocabulary [0, " +
-                                n_str(mc.n_vocab) + ")");
-      }
-    }
+  if (local && static_cast<int64_t>(r.prefill_tokens.size()) > config_.local_prefill_max_tokens) {
+    return failed_precondition("request " + r.request_id + " asks decode worker " + config_.name + " to prefill " +
+                               n_str(static_cast<int64_t>(r.prefill_tokens.size())) +
+                               " tokens; it prefills prompts of up to " + n_str(config_.local_prefill_max_tokens) +
+                               " tokens itself (--local-prefill-max-tokens)");
   }
+  const int64_t n_positions = int64_t{r.n_prompt_tokens} + r.max_tokens;
 
   std::lock_guard lk(mu_);
   if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
@@ -346,10 +298,8 @@ void DecodeEngine::run() {
       ++s.n_generated;
       s.pending.token_ids.push_back(id);
       s.has_pending = true;
-      if (!s.admit.ignore_eos && is_stop(id)) {
-        finish_locked(batch[i], {}, "stop");
-      } else if (s.n_generated >= s.admit.max_tokens) {
-        finish_locked(batch[i], {}, "length");
+      if (const FinishReason end = stop_rule(s.admit).after(id, s.n_generated); end != FinishReason::kNone) {
+        finish_locked(batch[i], {}, finish_reason_name(end));
       } else {
         s.next_token = id;
         ++s.position;
@@ -416,10 +366,8 @@ void DecodeEngine::prefilled_locked(const SeqPtr& seq, int32_t first, DecodeCloc
   s.pending.token_ids.push_back(first);
   s.pending.first_token_included = true;
   s.has_pending = true;
-  if (!s.admit.ignore_eos && is_stop(first)) {
-    finish_locked(seq, {}, "stop");
-  } else if (s.n_generated >= s.admit.max_tokens) {
-    finish_locked(seq, {}, "length");
+  if (const FinishReason end = stop_rule(s.admit).after(first, s.n_generated); end != FinishReason::kNone) {
+    finish_locked(seq, {}, finish_reason_name(end));
   } else {
     running_.push_back(seq);
   }
@@ -523,15 +471,7 @@ std::optional<DecodeClock::time_point> DecodeEngine::expire_locked(DecodeClock::
 }
 
 void DecodeEngine::update_gauges_locked() {
-  if (g_running_ == nullptr) return;
-  g_running_->Set(static_cast<double>(running_.size()));
-  g_waiting_->Set(n_waiting_);
-  g_blocks_free_->Set(pool_.n_free());
-  g_blocks_total_->Set(pool_.n_total());
-}
-
-bool DecodeEngine::is_stop(int32_t id) const {
-  return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+  gauges_.set(n_waiting_, static_cast<double>(running_.size()), pool_.n_free(), pool_.n_total());
 }
 
 DecodeEngine::SeqPtr DecodeEngine::find_locked(const std::string& id) const {

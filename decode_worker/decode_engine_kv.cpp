@@ -6,6 +6,7 @@
 
 #include "decode_worker/decode_engine.h"
 #include "decode_worker/decode_sequence.h"
+#include "model/token_checks.h"
 
 namespace baton {
 
@@ -33,10 +34,7 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
                             n_str(static_cast<int64_t>(h.token_ids.size())) + " token ids for n_tokens " +
                             n_str(h.n_tokens));
   }
-  for (int32_t t : h.token_ids) {
-    if (t < 0 || t >= mc.n_vocab)
-      return invalid_argument("KV header for request " + id + " has token id " + n_str(t) + " outside the vocabulary");
-  }
+  BATON_RETURN_IF_ERROR(check_token_ids(h.token_ids, mc, "KV header for request " + id + ": token_ids"));
 
   std::lock_guard lk(mu_);
   if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
@@ -135,10 +133,7 @@ Status DecodeEngine::kv_chunk(const std::string& id, const KvChunk& c) {
 
 Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
   const ModelConfig& mc = model_.config();
-  if (first_token < 0 || first_token >= mc.n_vocab) {
-    return invalid_argument("KV transfer for request " + id + " ends with first token " + n_str(first_token) +
-                            ", outside the vocabulary [0, " + n_str(mc.n_vocab) + ")");
-  }
+  BATON_RETURN_IF_ERROR(check_token_id(first_token, mc, "KV transfer for request " + id + ": first_token"));
   {
     std::lock_guard lk(mu_);
     SeqPtr seq = find_locked(id);
@@ -167,10 +162,9 @@ Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
     seq->n_generated = 1;
     seq->state = SeqState::kRunning;
     --n_waiting_;
-    if (!seq->admit.ignore_eos && is_stop(seq->first_token)) {
-      finish_locked(seq, {}, "stop");
-    } else if (seq->n_generated >= seq->admit.max_tokens) {
-      finish_locked(seq, {}, "length");
+    if (const FinishReason end = stop_rule(seq->admit).after(seq->first_token, seq->n_generated);
+        end != FinishReason::kNone) {
+      finish_locked(seq, {}, finish_reason_name(end));
     } else {
       running_.push_back(seq);
     }

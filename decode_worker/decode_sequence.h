@@ -8,14 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "common/seconds.h"
 #include "decode_worker/decode_engine.h"
 #include "model/sampler.h"
 
 namespace baton {
-
-inline double seconds_between(DecodeClock::time_point a, DecodeClock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 inline std::string n_str(int64_t n) { return std::to_string(n); }
 

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <spdlog/spdlog.h>
 
-#include <deque>
-#include <mutex>
 #include <optional>
 
 #include "common/grpc_status.h"
+#include "common/grpc_stream_writer.h"
 #include "common/tls.h"
 #include "kv/tcp/tcp_transport.h"
 #include "proto/convert.h"
@@ -77,128 +76,65 @@ std::optional<DecodeClock::time_point> steady_deadline(std::chrono::system_clock
 
 // ---- Stream ---------------------------------------------------------------------------------
 
-// One Stream call: subscribes to the engine and writes its events in order, one write in flight
-// at a time. The engine's sink shares the Outbox, not the reactor, so an event that arrives after
-// the call ended finds `reactor` null instead of a deleted object. Finish is called exactly once,
-// by whoever takes `reactor` out of the Outbox; after that nothing touches the reactor but gRPC
-// (OnDone deletes it).
+// One Stream call: subscribes to the engine and writes its events in order through a
+// GrpcStreamWriter (its lifetime rule: the engine's sink holds the writer, never the reactor).
 class StreamReactor final : public grpc::ServerWriteReactor<v1::DecodeEvent> {
  public:
   // The request ends at the Stream call's deadline, or `cap` from now, whichever is first.
   StreamReactor(DecodeEngine& engine, grpc::CallbackServerContext* context, std::string request_id,
                 std::chrono::seconds cap, const std::string& owner)
-      : engine_(engine), context_(context), request_id_(std::move(request_id)), outbox_(std::make_shared<Outbox>()) {
-    outbox_->reactor = this;
-    std::shared_ptr<Outbox> outbox = outbox_;
+      : engine_(engine), context_(context), request_id_(std::move(request_id)), out_(std::make_shared<Writer>(this)) {
     const auto capped = DecodeClock::now() + cap;
     const auto asked = steady_deadline(context_->deadline());
     const Status st = engine_.attach(
-        request_id_, [outbox](const DecodeOutput& o) { push(*outbox, o); }, asked ? std::min(*asked, capped) : capped,
+        request_id_, [out = out_](const DecodeOutput& o) { push(*out, o); }, asked ? std::min(*asked, capped) : capped,
         owner);
-    if (!st.ok()) {
-      std::lock_guard lk(outbox_->mu);
-      outbox_->final = to_grpc(st);
-    }
     attached_ = st.ok();
-    pump(*outbox_);
+    if (!st.ok()) out_->finish(to_grpc(st));
   }
 
   void OnWriteDone(bool ok) override {
-    {
-      std::lock_guard lk(outbox_->mu);
-      outbox_->writing = false;
-      if (!ok) {  // the call is broken (cancelled): stop writing
-        outbox_->queue.clear();
-        if (!outbox_->final) outbox_->final = grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed");
-      }
-    }
-    pump(*outbox_);
+    const std::shared_ptr<Writer> out = out_;  // Finish may delete the reactor
+    out->on_write_done(ok);
   }
 
   // Only a request this call attached to: a Stream refused (another peer's request, or one that
   // has a stream already) must not cancel it when it is cancelled or its deadline passes.
   void OnCancel() override {
+    const std::shared_ptr<Writer> out = out_;
     const bool expired = context_->deadline() <= std::chrono::system_clock::now();
     if (attached_) {
       engine_.cancel(request_id_, expired ? deadline_exceeded("the Stream call's deadline passed")
                                           : cancelled("the Stream call was cancelled"));
     }
-    {
-      std::lock_guard lk(outbox_->mu);
-      outbox_->queue.clear();
-      if (!outbox_->final) outbox_->final = grpc::Status::CANCELLED;
-    }
-    pump(*outbox_);
+    out->on_cancel();
   }
 
   void OnDone() override { delete this; }
 
  private:
-  struct Outbox {
-    std::mutex mu;
-    StreamReactor* reactor = nullptr;   // null once Finish was called
-    std::deque<v1::DecodeEvent> queue;  // events not yet written
-    v1::DecodeEvent current;            // the event being written (stable until OnWriteDone)
-    bool writing = false;
-    std::optional<grpc::Status> final;  // how the call ends once the queue is written
-  };
+  using Writer = GrpcStreamWriter<v1::DecodeEvent>;
 
-  // The engine's sink (engine thread): never blocks, only queues.
-  static void push(Outbox& box, const DecodeOutput& o) {
-    {
-      std::lock_guard lk(box.mu);
-      if (box.reactor == nullptr || box.final) return;
-      if (o.done && !o.status.ok()) {
-        // Tokens produced before the failure still go out; the status ends the call.
-        if (!o.token_ids.empty()) {
-          DecodeOutput partial = o;
-          partial.done = false;
-          box.queue.push_back(to_proto(partial));
-        }
-        box.final = to_grpc(o.status);
-      } else {
-        box.queue.push_back(to_proto(o));
-        if (o.done) box.final = grpc::Status::OK;
+  // The engine's sink (engine thread): never blocks, only queues. Tokens produced before a
+  // failure still go out; the status ends the call.
+  static void push(Writer& out, const DecodeOutput& o) {
+    if (o.done && !o.status.ok()) {
+      if (!o.token_ids.empty()) {
+        DecodeOutput partial = o;
+        partial.done = false;
+        out.write(to_proto(partial));
       }
+      out.finish(to_grpc(o.status));
+      return;
     }
-    pump(box);
-  }
-
-  // Starts the next write, or finishes the call when everything is written and the end is known.
-  // The reactor calls happen outside the lock; the reactor is alive because Finish, the only
-  // thing that leads to OnDone, has not been called yet by anyone.
-  static void pump(Outbox& box) {
-    StreamReactor* r = nullptr;
-    bool write = false;
-    grpc::Status status;
-    {
-      std::lock_guard lk(box.mu);
-      if (box.reactor == nullptr || box.writing) return;
-      if (!box.queue.empty()) {
-        box.current = std::move(box.queue.front());
-        box.queue.pop_front();
-        box.writing = true;
-        write = true;
-        r = box.reactor;
-      } else if (box.final) {
-        r = box.reactor;
-        box.reactor = nullptr;
-        status = *box.final;
-      } else {
-        return;
-      }
-    }
-    if (write) {
-      r->StartWrite(&box.current);
-    } else {
-      r->Finish(status);
-    }
+    out.write(to_proto(o));
+    if (o.done) out.finish(grpc::Status::OK);
   }
 
   DecodeEngine& engine_;
   grpc::CallbackServerContext* context_;
   const std::string request_id_;
-  std::shared_ptr<Outbox> outbox_;
+  const std::shared_ptr<Writer> out_;
   bool attached_ = false;  // the engine took this call's sink: the request is this call's to cancel
 };
 

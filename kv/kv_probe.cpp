@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/metrics.h"
+#include "common/seconds.h"
 
 namespace baton {
 namespace {
@@ -28,10 +29,6 @@ std::string random_bytes(size_t n) {
     for (size_t j = 0; j < 8 && i + j < n; ++j) s[i + j] = static_cast<char>(w >> (8 * j));
   }
   return s;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

@@ -2,35 +2,24 @@
 
 #include <algorithm>
 
+#include "common/seconds.h"
+#include "model/stop_rule.h"
+#include "model/token_checks.h"
+
 namespace baton {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                                            const std::function<bool(int32_t)>& on_token) {
   const ModelConfig& c = model_.config();
   if (prompt.empty()) return invalid_argument("the prompt is empty: give at least one token");
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= c.n_vocab) {
-      return invalid_argument("prompt token " + std::to_string(i) + " has id " + std::to_string(prompt[i]) +
-                              ", outside the vocabulary [0, " + std::to_string(c.n_vocab) + ")");
-    }
-  }
+  BATON_RETURN_IF_ERROR(check_token_ids(prompt, c, "prompt"));
   if (opt.max_tokens < 0) return invalid_argument("max_tokens must be >= 0");
   const int64_t n_total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
-  if (static_cast<int64_t>(prompt.size()) > c.n_ctx) {
-    return invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
-                            std::to_string(c.n_ctx));
-  }
-  if (n_total > c.n_ctx) {
-    return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                            std::to_string(opt.max_tokens) + ") exceeds the model's context of " + std::to_string(c.n_ctx));
-  }
+  // The prompt alone first: lowering max_tokens would not help then, and the message says so.
+  BATON_RETURN_IF_ERROR(check_context(static_cast<int64_t>(prompt.size()), c, "the prompt"));
+  BATON_RETURN_IF_ERROR(check_context(n_total, c,
+                                      "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                                          std::to_string(opt.max_tokens) + ")"));
   if (opt.prefill_chunk < 0) return invalid_argument("prefill chunk must be >= 0");
   BATON_RETURN_IF_ERROR(validate_sampling(opt.sampling));
 
@@ -71,15 +60,17 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   };
   if (id == kNonFiniteLogits) return non_finite(n_prompt);
   std::vector<int32_t> sampled;
+  const StopRule rule{opt.stop_ids, opt.ignore_eos, opt.max_tokens};
   for (int i = 0; i < opt.max_tokens; ++i) {
     res.tokens.push_back(id);
-    const bool is_stop = !opt.ignore_eos && std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end();
+    FinishReason end = rule.after(id, i + 1);
+    // The caller sees every token, the one that ends generation too.
     const bool keep_going = on_token ? on_token(id) : true;
-    if (is_stop || !keep_going) {
-      res.finish_reason = "stop";
+    if (!keep_going) end = FinishReason::kStop;  // the caller ended it (a stop string, say)
+    if (end != FinishReason::kNone) {
+      res.finish_reason = finish_reason_name(end);
       break;
     }
-    if (i + 1 == opt.max_tokens) break;
     batch.clear();
     batch.add(std::span(&res.tokens.back(), 1), static_cast<int32_t>(n_prompt + i), table, Logits::kLast);
     const SampleSpec spec = sampler.spec_at(n_prompt + i + 1);

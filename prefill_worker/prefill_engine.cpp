@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/metrics.h"
+#include "common/seconds.h"
 #include "common/thread_name.h"
 #include "kv/prefix_hash.h"
 
@@ -20,20 +21,16 @@ struct PrefillEngine::Job {
   PrefixCacheSeq kv;
   int32_t n_cached = 0;          // leading tokens whose KV the cache had; set when it starts
   int32_t n_done = 0;            // tokens prefilled so far; guarded by mu_ (written by the engine thread)
-  int32_t first_token = 0;      // set by the engine thread before `prefilled`
+  int32_t first_token = 0;      // set by the engine thread before it is handed to the outbox
   Clock::time_point submitted;
   Clock::time_point started;  // start of the step that began its prefill
   std::atomic<bool> cancelled{false};
+  // Its KV as the steps write it, for its transfer (kv/kv_sender.h); made when it starts.
+  std::shared_ptr<KvOutbox> outbox;
 
-  // The hand-off, guarded by mu_. Tokens [0, kv_done) have every layer in the cache; the step in
-  // flight covers [kv_done, kv_step_end) and has written layers [0, kv_layers) of it.
-  int32_t kv_done = 0;
-  int32_t kv_step_end = 0;
-  int32_t kv_layers = 0;
-  bool prefilled = false;      // the prompt is complete and first_token set
-  Clock::time_point prefilled_at;
+  // The hand-off's bookkeeping, guarded by mu_.
   bool in_engine = true;       // waiting or running: the engine may still write its blocks
-  bool has_sender = false;     // handed to the senders (its transfer runs, or will)
+  bool has_sender = false;     // handed to the sender (its transfer runs, or will)
   bool sender_done = false;    // its transfer has returned
   std::optional<Status> ended;  // why it ends without a complete hand-off (the first reason wins)
   Status transfer_status;       // the transfer's result, once sender_done
@@ -41,92 +38,33 @@ struct PrefillEngine::Job {
   int64_t bytes = 0;
 
   int32_t n_tokens() const { return static_cast<int32_t>(spec.tokens.size()); }
-  // Ends it early unless it has a reason already.
+  // Ends it early unless it has a reason already; its transfer stops.
   void end(const Status& why) {
     if (!ended) ended = why;
+    if (outbox) outbox->abandon();
   }
   bool abandoned() const { return cancelled.load() || ended.has_value(); }
 };
 
-namespace {
-
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// Checks the config (an invalid one is a bug in the caller, which validates flags first) and
-// resolves n_blocks = 0 against the model: room for a few steps' prompts, and at least one prompt
-// of the model's full context.
-PrefillConfig resolve_config(PrefillConfig c, const ModelConfig& model) {
-  const Status s = validate_prefill_config(c);
-  BATON_CHECK(s.ok(), "invalid PrefillConfig: %s", s.to_string().c_str());
-  if (c.n_blocks == 0) {
-    const int64_t tokens = std::max<int64_t>(int64_t{4} * c.token_budget, model.n_ctx);
-    c.n_blocks = static_cast<int>((tokens + c.block_size - 1) / c.block_size);
-  }
-  if (c.prefix_cache_blocks < 0 || c.prefix_cache_blocks > c.n_blocks) c.prefix_cache_blocks = c.n_blocks;
-  return c;
-}
-
-}  // namespace
-
-Status validate_prefill_config(const PrefillConfig& c) {
-  if (c.token_budget < 1)
-    return invalid_argument("prefill token budget must be >= 1, got " + std::to_string(c.token_budget));
-  if (c.n_blocks < 0)
-    return invalid_argument("prefill n_blocks must be >= 0 (0: sized from the model), got " +
-                            std::to_string(c.n_blocks));
-  if (c.block_size < 1) return invalid_argument("prefill block_size must be >= 1, got " + std::to_string(c.block_size));
-  if (c.max_queued_tokens < 1) {
-    return invalid_argument("prefill max_queued_tokens must be >= 1, got " + std::to_string(c.max_queued_tokens));
-  }
-  if (c.n_senders < 1) return invalid_argument("prefill n_senders must be >= 1, got " + std::to_string(c.n_senders));
-  if (c.prefix_cache_blocks < -1) {
-    return invalid_argument("prefix cache blocks must be >= 0 (0: no prefix cache), or -1 (the whole pool), got " +
-                            std::to_string(c.prefix_cache_blocks));
-  }
-  if (c.prefix_report_blocks < 0) {
-    return invalid_argument("prefix_report_blocks must be >= 0, got " + std::to_string(c.prefix_report_blocks));
-  }
-  if (c.kv_chunk_bytes < 1 || c.kv_chunk_bytes > kMaxKvChunkBytes) {
-    return invalid_argument("prefill kv_chunk_bytes must be in [1, " + std::to_string(kMaxKvChunkBytes) + "], got " +
-                            std::to_string(c.kv_chunk_bytes));
-  }
-  return {};
-}
-
 PrefillEngine::PrefillEngine(Model& model, KvTransport& transport, const PrefillConfig& config, Metrics* metrics)
     : model_(model),
-      transport_(transport),
-      config_(resolve_config(config, model.config())),
+      config_(resolve_prefill_config(config, model.config())),
       metrics_(metrics),
-      n_vocab_(model.config().n_vocab),
-      n_ctx_(model.config().n_ctx),
       hash_seed_(prefix_hash_seed(model.fingerprint(), dtype_name(config_.kv_dtype), config_.block_size)),
-      blocks_(config_.n_blocks, config_.block_size, config_.prefix_cache_blocks) {
+      blocks_(config_.n_blocks, config_.block_size, config_.prefix_cache_blocks),
+      gauges_(metrics, "prefill", config_.name),
+      prefix_series_(metrics, config_.name),
+      sender_(transport, KvSenderConfig{config_.n_senders, config_.name}, metrics) {
   cache_ = model_.make_kv_cache(config_.n_blocks, config_.block_size, config_.kv_dtype);
   if (metrics_) {
     const auto labels = Metrics::role_labels("prefill", config_.name);
-    metrics_->kv_blocks_total.Add(labels).Set(blocks_.n_total());
     step_tokens_hist_ = &metrics_->histogram(metrics_->prefill_step_tokens, labels);
     prefill_seconds_hist_ = &metrics_->histogram(metrics_->prefill_seconds, labels);
-    queue_depth_gauge_ = &metrics_->queue_depth.Add(labels);
-    running_gauge_ = &metrics_->running_sequences.Add(labels);
-    blocks_free_gauge_ = &metrics_->kv_blocks_free.Add(labels);
-    cached_blocks_gauge_ = &metrics_->prefix_cache_blocks.Add(labels);
-    lookup_tokens_counter_ = &metrics_->prefix_cache_lookup_tokens_total.Add(labels);
-    hit_tokens_counter_ = &metrics_->prefix_cache_hit_tokens_total.Add(labels);
-    inserted_blocks_counter_ = &metrics_->prefix_cache_inserted_blocks_total.Add(labels);
-    evicted_blocks_counter_ = &metrics_->prefix_cache_evicted_blocks_total.Add(labels);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     update_gauges_locked();
   }
-  for (int i = 0; i < config_.n_senders; ++i) sender_threads_.emplace_back([this] {
-      set_thread_name("prefill-kv-send");
-      sender_loop();
-    });
 }
 
 PrefillEngine::~PrefillEngine() {
@@ -168,42 +106,14 @@ void PrefillEngine::stop() {
     }
     update_gauges_locked();
   }
-  kv_cv_.notify_all();
   for (const auto& job : done) finish(job);
 
   // Transfers already queued finish (their first token is out, the decode worker waits for them).
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    senders_stop_ = true;
-  }
-  send_cv_.notify_all();
-  for (std::thread& t : sender_threads_) {
-    if (t.joinable()) t.join();
-  }
+  sender_.stop();
 }
 
 Status PrefillEngine::submit(PrefillJob spec) {
-  if (spec.request_id.empty()) return invalid_argument("the request id is empty");
-  if (spec.tokens.empty()) return invalid_argument("request " + spec.request_id + " has no prompt tokens");
-  for (size_t i = 0; i < spec.tokens.size(); ++i) {
-    if (spec.tokens[i] < 0 || spec.tokens[i] >= n_vocab_) {
-      return invalid_argument("request " + spec.request_id + ": token " + std::to_string(i) + " has id " +
-                              std::to_string(spec.tokens[i]) + ", outside the vocabulary [0, " +
-                              std::to_string(n_vocab_) + ")");
-    }
-  }
-  if (spec.n_generated < 0 || spec.n_generated >= static_cast<int64_t>(spec.tokens.size())) {
-    return invalid_argument("request " + spec.request_id + ": n_generated " + std::to_string(spec.n_generated) +
-                            " must be in [0, " + std::to_string(spec.tokens.size()) + ")");
-  }
-  // The first token goes at position tokens.size(): it must be inside the context.
-  if (static_cast<int64_t>(spec.tokens.size()) >= n_ctx_) {
-    return invalid_argument("request " + spec.request_id + " has " + std::to_string(spec.tokens.size()) +
-                            " tokens; the model's context of " + std::to_string(n_ctx_) +
-                            " leaves no room for a new one");
-  }
-  BATON_RETURN_IF_ERROR(validate_sampling(spec.sampling));
-  if (spec.decode_address.empty()) return invalid_argument("request " + spec.request_id + " has no decode address");
+  BATON_RETURN_IF_ERROR(spec.validate_against(model_.config()));
   const int need = blocks_.blocks_for(static_cast<int64_t>(spec.tokens.size()));  // block_size is immutable
   if (need > blocks_.n_total()) {
     return invalid_argument("request " + spec.request_id + " needs " + std::to_string(need) +
@@ -243,6 +153,7 @@ void PrefillEngine::cancel(const std::string& request_id) {
     if (it == jobs_.end()) return;
     std::shared_ptr<Job> job = it->second;
     job->cancelled = true;
+    if (job->outbox) job->outbox->abandon();  // its transfer stops
     auto w = std::find(waiting_.begin(), waiting_.end(), job);
     if (w != waiting_.end()) {
       waiting_.erase(w);
@@ -251,9 +162,8 @@ void PrefillEngine::cancel(const std::string& request_id) {
       if (leave_engine_locked(job)) dropped = job;
       update_gauges_locked();
     }
-    // Running: dropped at the next step boundary. Its transfer (running or queued) sees the flag.
+    // Running: dropped at the next step boundary.
   }
-  kv_cv_.notify_all();
   if (dropped) {
     finish(dropped);
   } else {
@@ -307,38 +217,30 @@ void PrefillEngine::engine_loop() {
     spdlog::warn("prefill worker {}: {}; the step loop runs unpinned", config_.name, s.to_string());
   }
   for (;;) {
-    std::vector<std::shared_ptr<Job>> dropped;
-    std::vector<Slice> slices;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      in_wait_ = true;  // waiting for work is not a stall, however long
-      work_cv_.wait(lock, [this] { return stopping_ || has_work_locked(); });
-      in_wait_ = false;
-      beat_ = Clock::now();
-      if (stopping_) return;
-      slices = plan_step_locked(&dropped);
-    }
-    for (const auto& job : dropped) {
-      finish(job);
-    }
-    run_step(std::move(slices));
+    std::unique_lock<std::mutex> lock(mu_);
+    in_wait_ = true;  // waiting for work is not a stall, however long
+    work_cv_.wait(lock, [this] { return stopping_ || has_work_locked(); });
+    in_wait_ = false;
+    beat_ = Clock::now();
+    if (stopping_) return;
+    step(std::move(lock));
   }
 }
 
 bool PrefillEngine::run_step_for_test() {
   BATON_CHECK(!engine_running_, "run_step_for_test() while the engine thread runs");
-  std::vector<std::shared_ptr<Job>> dropped;
-  std::vector<Slice> slices;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || !has_work_locked()) return false;
-    slices = plan_step_locked(&dropped);
-  }
-  for (const auto& job : dropped) {
-    finish(job);
-  }
-  run_step(std::move(slices));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_ || !has_work_locked()) return false;
+  step(std::move(lock));
   return true;
+}
+
+void PrefillEngine::step(std::unique_lock<std::mutex> lock) {
+  std::vector<std::shared_ptr<Job>> dropped;
+  std::vector<Slice> slices = plan_step_locked(&dropped);
+  lock.unlock();
+  for (const auto& job : dropped) finish(job);
+  run_step(std::move(slices));
 }
 
 std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<std::shared_ptr<Job>>* dropped) {
@@ -391,11 +293,9 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
     job->started = now;
     // The cached part is in the cache already: ready for the transfer from the start.
     job->n_cached = reused * config_.block_size;
-    job->n_done = job->kv_done = job->kv_step_end = job->n_cached;
-    if (metrics_ && blocks_.enabled()) {
-      lookup_tokens_counter_->Increment(job->n_tokens());
-      hit_tokens_counter_->Increment(job->n_cached);
-    }
+    job->n_done = job->n_cached;
+    job->outbox = make_outbox(job);
+    if (blocks_.enabled()) prefix_series_.looked_up(job->n_tokens(), job->n_cached);
     running_.push_back(job);
     if (config_.stream_kv) hand_to_sender_locked(job);  // its chunks go as the steps write them
     add_slice(job, job->n_cached, std::min(job->n_tokens() - job->n_cached, budget));
@@ -406,16 +306,9 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
 
 void PrefillEngine::run_step(std::vector<Slice> slices) {
   if (slices.empty()) return;
-  const int n_layers = model_.config().n_layers;
   // Jobs' token vectors and block tables do not change while they run: the batch can point at them.
   batch_.clear();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Slice& s : slices) {
-      s.job->kv_step_end = s.start + s.n;
-      s.job->kv_layers = 0;
-    }
-  }
+  for (const Slice& s : slices) s.job->outbox->step_begins(s.start + s.n);
   for (const Slice& s : slices) {
     const bool last = s.start + s.n == s.job->n_tokens();
     batch_.add(std::span<const int32_t>(s.job->spec.tokens).subspan(s.start, s.n), s.start, s.job->kv.table,
@@ -435,11 +328,7 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   Model::LayerDone layer_done;
   if (config_.stream_kv) {
     layer_done = [&](int layer) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (const Slice& s : slices) s.job->kv_layers = layer + 1;
-      }
-      kv_cv_.notify_all();
+      for (const Slice& s : slices) s.job->outbox->layer_written(layer + 1);
     };
   }
   std::vector<int32_t> first_tokens;
@@ -454,14 +343,12 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     step_stats_.add_step(done, seconds_between(step_start, done), batch_.n_tokens());
     for (const Slice& s : slices) {
       s.job->n_done += s.n;
-      s.job->kv_done = s.job->kv_step_end;
-      s.job->kv_layers = n_layers;
       // Its blocks the forward completed are shareable from the next step on.
       blocks_.insert(&s.job->kv, s.job->hashes, s.job->spec.tokens, s.job->n_done / config_.block_size);
     }
     update_gauges_locked();
   }
-  kv_cv_.notify_all();
+  for (const Slice& s : slices) s.job->outbox->step_done();
 
   // Progress, for the frontend's watchdog: the prompts that go on in the next step, and those still
   // waiting for one (they hear that the worker moves, if not yet for them).
@@ -503,127 +390,23 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& job : finished) {
       running_.erase(std::find(running_.begin(), running_.end(), job));
-      job->prefilled = !job->ended.has_value();
-      job->prefilled_at = done;
-      if (job->prefilled && !job->abandoned() && !job->has_sender) hand_to_sender_locked(job);
+      if (!job->ended) {
+        job->outbox->prefilled(job->first_token, done);
+        if (!job->abandoned() && !job->has_sender) hand_to_sender_locked(job);
+      }
       if (leave_engine_locked(job)) done_jobs.push_back(job);
     }
     update_gauges_locked();
   }
-  kv_cv_.notify_all();
   for (const auto& job : done_jobs) finish(job);
 }
 
 // ---- KV hand-off -------------------------------------------------------------------------------
 
-void PrefillEngine::hand_to_sender_locked(const std::shared_ptr<Job>& job) {
-  job->has_sender = true;
-  to_send_.push_back(job);
-  send_cv_.notify_one();
-}
-
-bool PrefillEngine::leave_engine_locked(const std::shared_ptr<Job>& job) {
-  job->in_engine = false;
-  return !job->has_sender || job->sender_done;
-}
-
-void PrefillEngine::sender_loop() {
-  for (;;) {
-    std::shared_ptr<Job> job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      send_cv_.wait(lock, [this] { return senders_stop_ || !to_send_.empty(); });
-      if (to_send_.empty()) return;  // stopping, and every queued transfer is done
-      job = to_send_.front();
-      to_send_.pop_front();
-    }
-    send_kv(job);
-  }
-}
-
-// The chunks of one job, in the order the steps write them: for each stretch of tokens the
-// engine has taken up (a step's, or everything done before the sender got to the job), layer 0's
-// chunks, then layer 1's, ... Each waits until the forward has written its layer.
-//
-// Concurrency: next() runs on a sender thread while the engine thread runs the forward. It only
-// reads positions whose layer the forward has already written, and no step writes those again;
-// blocks are not freed before the transfer ends. On CPU (plain memory) the copies cannot race;
-// the CUDA backend writes asynchronously, so there the forward reports no layer early (the
-// step's KV is complete when forward returns) and copies go on its own stream under its lock.
-class PrefillEngine::JobSource final : public KvSource {
- public:
-  JobSource(PrefillEngine& engine, std::shared_ptr<Job> job, const KvTransferHeader& header)
-      : e_(engine),
-        job_(std::move(job)),
-        header_(header),
-        row_bytes_(kv_chunk_bytes(header, 1)),
-        layer_(header.n_layers) {
-    tokens_per_chunk_ = static_cast<int32_t>(
-        std::clamp<int64_t>(e_.config_.kv_chunk_bytes / (2 * row_bytes_), 1, header.n_tokens));
-  }
-
-  bool next(KvChunk* c) override {
-    const int32_t n_tokens = header_.n_tokens;
-    {
-      std::unique_lock<std::mutex> lock(e_.mu_);
-      for (;;) {
-        if (job_->abandoned()) return false;  // the receiver refuses what it got
-        if (layer_ == header_.n_layers) {  // the stretch is out: the next one, when there is one
-          if (stretch_end_ == n_tokens) {
-            if (job_->prefilled) return false;
-          } else if (job_->kv_step_end > stretch_end_ || job_->kv_done > stretch_end_) {
-            stretch_start_ = start_ = stretch_end_;
-            // The cached part first, on its own: it is complete now, whatever the step in flight.
-            stretch_end_ = stretch_end_ < job_->n_cached ? job_->n_cached : std::max(job_->kv_done, job_->kv_step_end);
-            layer_ = 0;
-            continue;
-          }
-        } else if (stretch_end_ <= job_->kv_done || layer_ < job_->kv_layers) {
-          break;  // this layer of the stretch is in the cache
-        }
-        e_.kv_cv_.wait(lock);
-      }
-    }
-    const int32_t n = std::min(tokens_per_chunk_, stretch_end_ - start_);
-    c->layer = layer_;
-    c->token_start = start_;
-    c->token_count = n;
-    c->k.resize(static_cast<size_t>(n * row_bytes_));
-    c->v.resize(static_cast<size_t>(n * row_bytes_));
-    e_.model_.backend().kv_export(*e_.cache_, layer_, job_->kv.table.data(), start_, n, c->k.data(), c->v.data());
-    c->checksum = kv_checksum(c->k, c->v);
-    start_ += n;
-    if (start_ == stretch_end_) {
-      start_ = stretch_start_;
-      ++layer_;
-    }
-    return true;
-  }
-
-  std::optional<int32_t> first_token() override {
-    std::lock_guard<std::mutex> lock(e_.mu_);
-    if (job_->abandoned() || !job_->prefilled) return std::nullopt;
-    return job_->first_token;
-  }
-
- private:
-  PrefillEngine& e_;
-  std::shared_ptr<Job> job_;
-  const KvTransferHeader& header_;
-  const int64_t row_bytes_;
-  int32_t tokens_per_chunk_ = 1;
-  // The stretch [stretch_start_, stretch_end_) being sent: `layer_`'s chunks from `start_` on.
-  // layer_ == n_layers: the stretch is out (initially the empty stretch [0, 0)).
-  int32_t stretch_start_ = 0, stretch_end_ = 0, start_ = 0;
-  int32_t layer_ = 0;
-};
-
-void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
-  const Clock::time_point t0 = Clock::now();
-  const std::string& id = job->spec.request_id;
+std::shared_ptr<KvOutbox> PrefillEngine::make_outbox(const std::shared_ptr<Job>& job) {
   const ModelConfig& mc = model_.config();
   KvTransferHeader header;
-  header.request_id = id;
+  header.request_id = job->spec.request_id;
   header.model_fingerprint = job->spec.model_fingerprint;
   header.dtype = dtype_name(config_.kv_dtype);
   header.n_layers = mc.n_layers;
@@ -631,51 +414,41 @@ void PrefillEngine::send_kv(const std::shared_ptr<Job>& job) {
   header.head_dim = mc.head_dim;
   header.n_tokens = job->n_tokens();
   header.token_ids = job->spec.tokens;
+  // The job outlives its transfer (finish() waits for it), and its block table is fixed while it runs.
+  const Job* j = job.get();
+  return std::make_shared<KvOutbox>(std::move(header), job->n_cached, config_.kv_chunk_bytes,
+                                    [this, j](int32_t layer, int32_t start, int32_t n, char* k, char* v) {
+                                      model_.backend().kv_export(*cache_, layer, j->kv.table.data(), start, n, k, v);
+                                    });
+}
 
-  Status status;
-  int64_t bytes = 0;
-  if (job->abandoned()) {
-    status = cancelled("request " + id + " ended before its KV transfer");
-  } else {
-    // Chunks are exported lazily, one at a time, as the transport asks for them: at most one
-    // chunk of this job's KV is in host memory here.
-    JobSource source(*this, job, header);
-    status = transport_.send(job->spec.decode_address, header, source, &bytes);
-  }
-  const Clock::time_point t1 = Clock::now();
+void PrefillEngine::hand_to_sender_locked(const std::shared_ptr<Job>& job) {
+  job->has_sender = true;
+  sender_.send(job->outbox, job->spec.decode_address, [this, job](const Status& status, double seconds, int64_t bytes) {
+    transfer_done(job, status, seconds, bytes);
+  });
+}
+
+bool PrefillEngine::leave_engine_locked(const std::shared_ptr<Job>& job) {
+  job->in_engine = false;
+  return !job->has_sender || job->sender_done;
+}
+
+void PrefillEngine::transfer_done(const std::shared_ptr<Job>& job, const Status& status, double seconds,
+                                  int64_t bytes) {
   bool done = false;
-  double seconds = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // What the hand-off adds to the request: from the first token (or the transfer's start, when
-    // it began later) to the decode worker's acknowledgement.
-    seconds = seconds_between(job->prefilled ? std::max(t0, job->prefilled_at) : t0, t1);
     // A failed transfer ends the job (a running prompt stops at the next step boundary).
-    if (!status.ok()) job->end(job->cancelled ? cancelled("request " + id + " was cancelled during its KV transfer") : status);
+    if (!status.ok()) {
+      job->end(job->cancelled ? cancelled("request " + job->spec.request_id + " was cancelled during its KV transfer")
+                              : status);
+    }
     job->sender_done = true;
     job->transfer_status = status;
     job->transfer_seconds = seconds;
     job->bytes = bytes;
     done = !job->in_engine;
-  }
-  if (metrics_) {
-    // Per link: this prefill worker, the decode worker, the transport.
-    prometheus::Labels labels = Metrics::role_labels("prefill", config_.name);
-    labels["src"] = config_.name;
-    labels["dst"] = job->spec.decode_address;
-    labels["transport"] = transport_.name();
-    if (status.ok()) {
-      metrics_->histogram(metrics_->kv_transfer_seconds, labels).Observe(seconds);
-      metrics_->kv_transfer_bytes_total.Add(labels).Increment(static_cast<double>(bytes));
-    } else if (status.code() != StatusCode::kCancelled && !job->cancelled) {
-      metrics_->kv_transfer_errors_total.Add(labels).Increment();
-    }
-  }
-  if (status.ok()) {
-    spdlog::debug("req={} KV sent to {}: {} bytes, {:.3f}s after the first token", id, job->spec.decode_address, bytes,
-                  seconds);
-  } else if (status.code() != StatusCode::kCancelled && !job->cancelled) {
-    spdlog::warn("req={} KV transfer failed: {}", id, status.to_string());
   }
   if (done) {
     finish(job);
@@ -716,15 +489,9 @@ int PrefillEngine::n_sending_locked() const {
 }
 
 void PrefillEngine::update_gauges_locked() {
-  if (!metrics_) return;
-  queue_depth_gauge_->Set(static_cast<double>(waiting_.size()));
-  running_gauge_->Set(static_cast<double>(running_.size() + n_sending_locked()));
-  blocks_free_gauge_->Set(blocks_.n_free());
-  cached_blocks_gauge_->Set(blocks_.n_cached());
-  inserted_blocks_counter_->Increment(static_cast<double>(blocks_.n_inserted() - n_inserted_counted_));
-  evicted_blocks_counter_->Increment(static_cast<double>(blocks_.n_evicted() - n_evicted_counted_));
-  n_inserted_counted_ = blocks_.n_inserted();
-  n_evicted_counted_ = blocks_.n_evicted();
+  gauges_.set(static_cast<double>(waiting_.size()), static_cast<double>(running_.size() + n_sending_locked()),
+              blocks_.n_free(), blocks_.n_total());
+  prefix_series_.update(blocks_.n_cached(), blocks_.n_inserted(), blocks_.n_evicted());
 }
 
 }  // namespace baton

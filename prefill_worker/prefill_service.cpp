@@ -2,35 +2,22 @@
 
 #include <spdlog/spdlog.h>
 
-#include <deque>
-#include <mutex>
-
 #include "common/grpc_status.h"
+#include "common/grpc_stream_writer.h"
 #include "proto/convert.h"
 
 namespace baton {
 namespace {
 
-Status check_ids(const google::protobuf::RepeatedField<int32_t>& ids, const char* field, int n_vocab) {
-  for (int i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= n_vocab) {
-      return invalid_argument(std::string(field) + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
-                              " is outside the model's vocabulary [0, " + std::to_string(n_vocab) + ")");
-    }
-  }
-  return {};
-}
-
-// One Prefill call. The engine's callbacks point at this reactor, so it finishes the call only
-// after on_done (the engine's last call for the job); OnDone, which follows Finish, deletes it.
-// Events are written one at a time, in order: Progress (for each chunk of a long prompt), then
-// FirstToken, then KvSent.
+// One Prefill call. Events go out through a GrpcStreamWriter, in order: Progress (after each step
+// while the prompt waits or is part done), FirstToken, then KvSent; the engine's callbacks hold
+// the writer, never the reactor (the writer's lifetime rule).
 class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillEvent> {
  public:
   PrefillReactor(PrefillEngine& engine, const Model& model, const baton::v1::PrefillRequest& request, bool draining)
-      : engine_(engine), request_id_(request.request_id()) {
-    Status s = draining ? unavailable("this prefill worker is draining: send the request to another one")
-                        : validate_prefill_request(request, model.config());
+      : engine_(engine), request_id_(request.request_id()), out_(std::make_shared<Writer>(this)) {
+    // The engine validates the job (PrefillJob::validate_against), once.
+    Status s = draining ? unavailable("this prefill worker is draining: send the request to another one") : Status();
     if (s.ok()) {
       PrefillJob job;
       job.request_id = request.request_id();
@@ -40,144 +27,64 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       job.sampling = sampling_from_proto(request.sampling());
       job.decode_address = request.decode_address();
       job.model_fingerprint = model.fingerprint();
-      job.on_first_token = [this](int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
-        on_first_token(token, queue_s, prefill_s, n_cached);
+      job.on_first_token = [out = out_](int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
+        baton::v1::PrefillEvent e;
+        baton::v1::FirstToken* ft = e.mutable_first_token();
+        ft->set_token_id(token);
+        ft->set_queue_seconds(queue_s);
+        ft->set_prefill_seconds(prefill_s);
+        ft->set_cached_tokens(n_cached);
+        out->write(std::move(e));
       };
-      job.on_progress = [this](int32_t n_done) { on_progress(n_done); };
-      job.on_done = [this](const Status& status, double transfer_s, int64_t bytes) {
-        on_done(status, transfer_s, bytes);
+      // The frontend needs the latest progress, not each: an unwritten one is replaced.
+      job.on_progress = [out = out_](int32_t n_done) {
+        baton::v1::PrefillEvent e;
+        e.mutable_progress()->set_tokens_done(n_done);
+        out->write(std::move(e), /*mergeable=*/true);
+      };
+      job.on_done = [out = out_](const Status& status, double transfer_s, int64_t bytes) {
+        if (status.ok()) {
+          baton::v1::PrefillEvent e;
+          e.mutable_kv_sent()->set_transfer_seconds(transfer_s);
+          e.mutable_kv_sent()->set_bytes(bytes);
+          out->write(std::move(e));
+        }
+        out->finish(to_grpc(status));
       };
       s = engine_.submit(std::move(job));  // on error, no callback ever comes
       submitted_ = s.ok();
     }
     if (!s.ok()) {
       spdlog::info("req={} prefill refused: {}", request_id_, s.to_string());
-      Finish(to_grpc(s));
+      out_->finish(to_grpc(s));
     }
   }
 
+  // A broken stream or a cancelled call cancels the job; only a job this call submitted: a
+  // refused duplicate id must not cancel the original.
   void OnWriteDone(bool ok) override {
-    Next next;
-    PrefillEngine& engine = engine_;      // copies: once mu_ is released another thread may
-    const std::string id = request_id_;  // Finish, and the reactor be deleted
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      events_.pop_front();
-      if (!ok) {
-        broken_ = true;  // the client is gone: nothing more can be written
-        events_.clear();
-      }
-      next = claim_locked();
-    }
-    // A claim in `next` keeps the reactor alive until performed (OnDone comes only after Finish,
-    // the next OnWriteDone only after StartWrite); without one it may already be gone.
-    if (!ok) engine.cancel(id);  // usually OnCancel did already; cancel is idempotent
-    perform(this, next);
+    PrefillEngine& engine = engine_;     // copies: once the writer has the end, another thread
+    const std::string id = request_id_;  // may Finish and the reactor be deleted
+    const bool submitted = submitted_;
+    const std::shared_ptr<Writer> out = out_;
+    if (!out->on_write_done(ok) && submitted) engine.cancel(id);
   }
 
-  // Only a job this call submitted: a refused duplicate id must not cancel the original.
   void OnCancel() override {
+    const std::shared_ptr<Writer> out = out_;
     if (submitted_) engine_.cancel(request_id_);
+    out->on_cancel();
   }
 
   void OnDone() override { delete this; }
 
  private:
-  // What the thread holding mu_ claimed: the next write, or the call's Finish. The claim and the
-  // state change that allows it happen under one lock, and only the claiming thread performs it,
-  // touching nothing of `this` after: once the event queue is empty and done_ is set, any thread
-  // may Finish, and OnDone (which deletes the reactor) may run at once. (Setting done_, unlocking
-  // and then locking again to decide would let another thread Finish in the gap and the engine
-  // thread lock a freed mutex: the window tests/unit/prefill_worker/prefill_service_test.cpp
-  // stresses.)
-  struct Next {
-    const baton::v1::PrefillEvent* write = nullptr;  // StartWrite this
-    bool finish = false;                             // else Finish with status
-    grpc::Status status;
-  };
-
-  Next claim_locked() {
-    Next next;
-    if (writing_ || finished_) return next;
-    if (!events_.empty()) {
-      writing_ = true;
-      next.write = &events_.front();  // stays put (deque front) until OnWriteDone pops it
-    } else if (done_) {
-      finished_ = true;
-      next.finish = true;
-      next.status = final_status_;
-    }
-    return next;
-  }
-
-  // gRPC is called without mu_ held; after Finish the reactor may be gone. Static, so that an
-  // empty claim never touches a reactor another thread may have deleted.
-  static void perform(PrefillReactor* self, const Next& next) {
-    if (next.write != nullptr) {
-      self->StartWrite(next.write);
-    } else if (next.finish) {
-      self->Finish(next.status);
-    }
-  }
-
-  void on_first_token(int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
-    Next next;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_) return;
-      baton::v1::FirstToken* ft = events_.emplace_back().mutable_first_token();
-      ft->set_token_id(token);
-      ft->set_queue_seconds(queue_s);
-      ft->set_prefill_seconds(prefill_s);
-      ft->set_cached_tokens(n_cached);
-      next = claim_locked();
-    }
-    perform(this, next);
-  }
-
-  // A chunk of the prompt is done. Queued behind an unwritten one, it replaces it: the frontend
-  // needs the latest, not each.
-  void on_progress(int32_t n_done) {
-    Next next;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_) return;
-      const bool replace = events_.size() > (writing_ ? 1u : 0u) && events_.back().has_progress();
-      baton::v1::PrefillProgress* p = (replace ? events_.back() : events_.emplace_back()).mutable_progress();
-      p->set_tokens_done(n_done);
-      next = claim_locked();
-    }
-    perform(this, next);
-  }
-
-  // The engine's last call for the job.
-  void on_done(const Status& status, double transfer_s, int64_t bytes) {
-    Next next;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (status.ok() && !broken_) {
-        baton::v1::KvSent* sent = events_.emplace_back().mutable_kv_sent();
-        sent->set_transfer_seconds(transfer_s);
-        sent->set_bytes(bytes);
-      }
-      final_status_ = to_grpc(status);
-      done_ = true;
-      next = claim_locked();
-    }
-    perform(this, next);
-  }
+  using Writer = GrpcStreamWriter<baton::v1::PrefillEvent>;
 
   PrefillEngine& engine_;
   const std::string request_id_;
+  const std::shared_ptr<Writer> out_;
   bool submitted_ = false;  // the engine accepted the job (set in the constructor, read after)
-  std::mutex mu_;
-  std::deque<baton::v1::PrefillEvent> events_;  // to write; the front is in flight while writing_
-  bool writing_ = false;
-  bool broken_ = false;    // a write failed: drop further events
-  bool done_ = false;      // on_done came: final_status_ is set
-  bool finished_ = false;  // Finish called
-  grpc::Status final_status_;
 };
 
 // One ProbeKv call. Finish is called exactly once: in the constructor when the probe does not
@@ -224,23 +131,6 @@ class ProbeReactor final : public grpc::ServerUnaryReactor {
 };
 
 }  // namespace
-
-Status validate_prefill_request(const baton::v1::PrefillRequest& r, const ModelConfig& model) {
-  if (r.request_id().empty()) return invalid_argument("request_id is empty");
-  if (r.prompt_token_ids().empty()) return invalid_argument("prompt_token_ids is empty: give at least one token");
-  BATON_RETURN_IF_ERROR(check_ids(r.prompt_token_ids(), "prompt_token_ids", model.n_vocab));
-  BATON_RETURN_IF_ERROR(check_ids(r.generated_token_ids(), "generated_token_ids", model.n_vocab));
-  const int64_t n = static_cast<int64_t>(r.prompt_token_ids_size()) + r.generated_token_ids_size();
-  if (n >= model.n_ctx) {
-    return invalid_argument("prompt_token_ids (" + std::to_string(r.prompt_token_ids_size()) +
-                            ") + generated_token_ids (" + std::to_string(r.generated_token_ids_size()) +
-                            ") leave no room for a new token in the model's context of " + std::to_string(model.n_ctx));
-  }
-  const Status s = validate_sampling(sampling_from_proto(r.sampling()));
-  if (!s.ok()) return invalid_argument("sampling." + s.message());
-  if (r.decode_address().empty()) return invalid_argument("decode_address is empty");
-  return {};
-}
 
 grpc::ServerWriteReactor<baton::v1::PrefillEvent>* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                                            const baton::v1::PrefillRequest* request) {

@@ -46,7 +46,4 @@ class PrefillService final : public baton::v1::PrefillWorker::CallbackService {
   std::atomic<bool> draining_{false};
 };
 
-// INVALID_ARGUMENT naming the offending field of `request` for this model.
-Status validate_prefill_request(const baton::v1::PrefillRequest& request, const ModelConfig& model);
-
 }  // namespace baton

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "scheduler/worker_registry.h"
+
 namespace baton {
 
 Status ProgressConfig::validate() const {
@@ -14,6 +16,38 @@ Status ProgressConfig::validate() const {
     return invalid_argument("--progress-min-prefill-rate must be a positive number of tokens per second");
   }
   return {};
+}
+
+ProgressInputs progress_inputs(ProgressInputs::Phase phase, const WorkerSnapshot* prefill, const WorkerSnapshot* decode,
+                               int64_t own_tokens, bool handoff_in_flight) {
+  using Phase = ProgressInputs::Phase;
+  ProgressInputs in;
+  in.phase = phase;
+  if (decode) in.decode_step_seconds = decode->load.step_seconds;
+  if (prefill) in.prefill_step_seconds = prefill->load.step_seconds;
+  switch (phase) {
+    case Phase::kAdmitting: break;
+    case Phase::kLocalPrefill:
+      // Its own tokens, and the other prompts this decode worker prefills (they share its steps).
+      in.tokens = own_tokens + (decode ? decode->load.queued_prompt_tokens : 0);
+      if (decode) in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
+      break;
+    case Phase::kPrefill:
+      // Everything the worker has to compute, this prompt included (those behind it too: a
+      // bound, not an estimate).
+      in.tokens = std::max(own_tokens, prefill ? prefill->outstanding_prompt_tokens() : 0);
+      if (prefill) in.prefill_tokens_per_second = prefill->load.prefill_tokens_per_second;
+      break;
+    case Phase::kDecoding:
+      in.handoff_in_flight = handoff_in_flight;
+      // Prompts the decode worker prefills itself share the steps that bring this request's tokens.
+      if (decode) {
+        in.tokens = decode->load.queued_prompt_tokens;
+        in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
+      }
+      break;
+  }
+  return in;
 }
 
 double progress_bound(const ProgressConfig& config, const ProgressInputs& in) {

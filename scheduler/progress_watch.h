@@ -70,6 +70,14 @@ struct ProgressInputs {
   bool handoff_in_flight = false;    // kDecoding: the prefill worker has not reported kv_sent yet
 };
 
+struct WorkerSnapshot;  // scheduler/worker_registry.h
+
+// The inputs for an attempt in `phase`, from its workers' last load reports (null: the registry
+// does not know it). `own_tokens`: its prompt and the tokens generated so far (a failover
+// prefills both); `handoff_in_flight`: see ProgressInputs.
+ProgressInputs progress_inputs(ProgressInputs::Phase phase, const WorkerSnapshot* prefill, const WorkerSnapshot* decode,
+                               int64_t own_tokens, bool handoff_in_flight);
+
 // Seconds of silence allowed before the attempt counts as stuck.
 double progress_bound(const ProgressConfig& config, const ProgressInputs& in);
 // "admitting", "prefill", "local prefill", "decoding": for the failover message.

@@ -3,11 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <random>
-#include <regex>
+
+#include "model/stop_rule.h"
+#include "scheduler/redact.h"
 
 namespace baton {
 namespace {
@@ -31,35 +32,6 @@ bool is_handoff_fault(const Status& s) {
 
 void add_unique(std::vector<std::string>& v, const std::string& s) {
   if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
-}
-
-// Whether the `len` bytes at `pos` of `text` stand alone: no address or name character either
-// side (so "d:1" is not found inside "d:10").
-bool bounded_at(const std::string& text, size_t pos, size_t len) {
-  auto part_of_address = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-'; };
-  const bool left = pos == 0 || !part_of_address(text[pos - 1]);
-  const bool right = pos + len >= text.size() || !std::isalnum(static_cast<unsigned char>(text[pos + len]));
-  return left && right;
-}
-
-void replace_all(std::string& text, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos)) {
-    if (!bounded_at(text, pos, from.size())) {
-      pos += from.size();
-      continue;
-    }
-    text.replace(pos, from.size(), to);
-    pos += to.size();
-  }
-}
-
-// IP literals as gRPC and the workers write them: 10.0.0.7:50051, ipv4:10.0.0.7, ipv6:[::1]:41234,
-// ipv6:%5B::1%5D:41234.
-const std::regex& ip_literal() {
-  static const std::regex re(
-      R"((ipv4:)?\b\d{1,3}(\.\d{1,3}){3}(:\d{1,5})?|(ipv6:)?(\[[0-9A-Fa-f:.%]*\]|%5B[0-9A-Fa-f:.%]*?%5D)(:\d{1,5})?)");
-  return re;
 }
 
 std::string join(const std::vector<std::string>& parts) {
@@ -144,10 +116,7 @@ Status RequestPipeline::with_history(const Status& status) const {
 }
 
 std::string RequestPipeline::for_client(std::string text) const {
-  const std::string name = req_.label.empty() ? "(this request)" : req_.label;
-  for (const std::string& id : attempt_ids_) replace_all(text, id, name);
-  for (const std::string& address : worker_addresses_) replace_all(text, address, "<address>");
-  return std::regex_replace(text, ip_literal(), "<address>");
+  return redact_for_client(std::move(text), req_.label, attempt_ids_, worker_addresses_);
 }
 
 std::string RequestPipeline::log_name() const {
@@ -456,37 +425,17 @@ void RequestPipeline::on_decode_done(int32_t attempt, const Status& status) {
 
 ProgressInputs RequestPipeline::progress_inputs_locked() const {
   using Phase = ProgressInputs::Phase;
-  ProgressInputs in;
   const Placement& p = attempt_.placement;
   const std::optional<WorkerSnapshot> decode = deps_.registry->find(WorkerRole::kDecode, p.decode_address);
   std::optional<WorkerSnapshot> prefill;
   if (!p.prefill_address.empty()) prefill = deps_.registry->find(WorkerRole::kPrefill, p.prefill_address);
-  if (decode) in.decode_step_seconds = decode->load.step_seconds;
-  if (prefill) in.prefill_step_seconds = prefill->load.step_seconds;
-  const int64_t own = static_cast<int64_t>(req_.prompt_ids.size() + emitted_.size());
-  if (state_ == PipelineState::kAdmitting) {
-    in.phase = Phase::kAdmitting;
-  } else if (state_ == PipelineState::kPrefilling && p.prefill_address.empty()) {
-    in.phase = Phase::kLocalPrefill;
-    // Its own tokens, and the other prompts this decode worker prefills (they share its steps).
-    in.tokens = own + (decode ? decode->load.queued_prompt_tokens : 0);
-    if (decode) in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
-  } else if (state_ == PipelineState::kPrefilling) {
-    in.phase = Phase::kPrefill;
-    // Everything the worker has to compute, this prompt included (those behind it too: a
-    // bound, not an estimate).
-    in.tokens = std::max(own, prefill ? prefill->outstanding_prompt_tokens() : 0);
-    if (prefill) in.prefill_tokens_per_second = prefill->load.prefill_tokens_per_second;
-  } else {
-    in.phase = Phase::kDecoding;
-    in.handoff_in_flight = attempt_.prefill != nullptr && !kv_sent_reported_;
-    // Prompts the decode worker prefills itself share the steps that bring this request's tokens.
-    if (decode) {
-      in.tokens = decode->load.queued_prompt_tokens;
-      in.prefill_tokens_per_second = decode->load.prefill_tokens_per_second;
-    }
-  }
-  return in;
+  const Phase phase = state_ == PipelineState::kAdmitting     ? Phase::kAdmitting
+                      : state_ != PipelineState::kPrefilling ? Phase::kDecoding
+                      : p.prefill_address.empty()            ? Phase::kLocalPrefill
+                                                             : Phase::kPrefill;
+  return progress_inputs(phase, prefill ? &*prefill : nullptr, decode ? &*decode : nullptr,
+                         static_cast<int64_t>(req_.prompt_ids.size() + emitted_.size()),
+                         attempt_.prefill != nullptr && !kv_sent_reported_);
 }
 
 bool RequestPipeline::another_worker(WorkerRole role, const std::string& address) const {
@@ -551,27 +500,21 @@ void RequestPipeline::check_progress(TimePoint now) {
 
 void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids) {
   if (state_ == PipelineState::kEnded || ids.empty()) return;
-  // Never more than max_tokens, and nothing after an end-of-sequence token, whatever a worker sends.
-  size_t n_offer = std::min(static_cast<size_t>(req_.max_tokens) - emitted_.size(), ids.size());
-  bool eos = false;
-  if (!req_.ignore_eos) {
-    for (size_t i = 0; i < n_offer; ++i) {
-      if (std::find(req_.stop_ids.begin(), req_.stop_ids.end(), ids[i]) != req_.stop_ids.end()) {
-        n_offer = i + 1;
-        eos = true;
-        break;
-      }
-    }
-  }
-  const std::span<const int32_t> offered = ids.subspan(0, n_offer);
+  // Never more than max_tokens, and nothing after a stop id, whatever a worker sends: the rule the
+  // decode engine applied, applied again.
+  const StopRule rule{req_.stop_ids, req_.ignore_eos, req_.max_tokens};
+  const StopRule::Taken taken = rule.take(ids, static_cast<int64_t>(emitted_.size()));
+  const std::span<const int32_t> offered = ids.subspan(0, taken.n);
   const ResponseSink::Accepted a = sink_->on_tokens(offered);
   const size_t n = std::min(a.n, offered.size());
   emitted_.insert(emitted_.end(), offered.begin(), offered.begin() + static_cast<std::ptrdiff_t>(n));
-  if (a.stop || (eos && n == offered.size())) {
-    finish_reason_ = "stop";
+  // The end the rule found counts only once the sink has kept every token offered.
+  const bool all_kept = n == offered.size();
+  if (a.stop || (all_kept && taken.end == FinishReason::kStop)) {
+    finish_reason_ = finish_reason_name(FinishReason::kStop);
     end_locked(g, Status());
-  } else if (emitted_.size() >= static_cast<size_t>(req_.max_tokens)) {
-    if (finish_reason_.empty()) finish_reason_ = "length";
+  } else if (all_kept && taken.end == FinishReason::kLength) {
+    if (finish_reason_.empty()) finish_reason_ = finish_reason_name(FinishReason::kLength);
     end_locked(g, Status());
   }
 }

@@ -18,7 +18,7 @@
 #include "scheduler/scheduler.h"
 #include "server/generate_call.h"
 #include "server/grpc_worker_client.h"
-#include "server/request_spec.h"
+#include "server/request_validation.h"
 #include "server/worker_pool.h"
 
 namespace baton {

@@ -2,11 +2,9 @@
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 
-#include <deque>
-#include <mutex>
-
 #include "common/check.h"
 #include "common/grpc_status.h"
+#include "common/grpc_stream_writer.h"
 #include "proto/utf8_fields.h"
 
 namespace baton {
@@ -37,8 +35,7 @@ class GenerateReactor;
 
 class GenerateCall final : public PublicCall {
  public:
-  GenerateCall(FrontendContext& fc, grpc::CallbackServerContext* context, GenerateReactor* reactor)
-      : PublicCall(fc), server_ctx_(context), reactor_(reactor) {}
+  GenerateCall(FrontendContext& fc, grpc::CallbackServerContext* context, GenerateReactor* reactor);
 
   // Checks the key, parses the request's bytes, then starts its pipeline (or ends the call).
   void begin(const grpc::ByteBuffer& bytes);
@@ -46,20 +43,13 @@ class GenerateCall final : public PublicCall {
   void on_cancel();
 
  private:
+  using Writer = GrpcStreamWriter<grpc::ByteBuffer>;
+
   void emit_tokens(std::span<const int32_t> ids, const std::string& text) override;
   void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
-  void pump_locked();
 
   grpc::CallbackServerContext* server_ctx_;
-
-  std::mutex mu_;
-  GenerateReactor* reactor_;  // valid until Finish is called on it (guarded by mu_)
-  // Outgoing messages, serialized; one write in flight at a time.
-  std::deque<grpc::ByteBuffer> out_;
-  bool writing_ = false;
-  bool ending_ = false;  // the final status is decided
-  bool finish_called_ = false;
-  grpc::Status final_status_;
+  const std::shared_ptr<Writer> out_;  // serialized responses (the writer's lifetime rule)
 };
 
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -68,13 +58,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       : call_(std::make_shared<GenerateCall>(fc, context, this)) {
     call_->begin(*request);
   }
-  void OnWriteDone(bool ok) override { call_->on_write_done(ok); }
-  void OnCancel() override { call_->on_cancel(); }
+  // Local copies: the writer may Finish inside, and OnDone delete the reactor (and its call_).
+  void OnWriteDone(bool ok) override {
+    const std::shared_ptr<GenerateCall> call = call_;
+    call->on_write_done(ok);
+  }
+  void OnCancel() override {
+    const std::shared_ptr<GenerateCall> call = call_;
+    call->on_cancel();
+  }
   void OnDone() override { delete this; }
 
  private:
   std::shared_ptr<GenerateCall> call_;
 };
+
+GenerateCall::GenerateCall(FrontendContext& fc, grpc::CallbackServerContext* context, GenerateReactor* reactor)
+    : PublicCall(fc), server_ctx_(context), out_(std::make_shared<Writer>(reactor)) {}
 
 void GenerateCall::begin(const grpc::ByteBuffer& bytes) {
   const auto& metadata = server_ctx_->client_metadata();
@@ -96,83 +96,47 @@ void GenerateCall::begin(const grpc::ByteBuffer& bytes) {
 
 void GenerateCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {
   v1::GenerateResponse msg;
-  msg.set_request_id(spec().request_id);
+  msg.set_request_id(request_id());
   for (int32_t id : ids) msg.add_token_ids(id);
   msg.set_text(text);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ending_) return;
-  out_.push_back(serialize(msg));
-  pump_locked();
+  out_->write(serialize(msg));
 }
 
+// A failed request ends with its status at once: what is queued and not yet written is dropped.
 void GenerateCall::emit_end(const Status& status, const PipelineOutcome& o, const std::string& tail) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (status.ok()) {
-    v1::GenerateResponse msg;
-    msg.set_request_id(spec().request_id);
-    msg.set_text(tail);
-    auto* fin = msg.mutable_final();
-    fin->set_finish_reason(o.finish_reason == "length" ? v1::FINISH_REASON_LENGTH : v1::FINISH_REASON_STOP);
-    fin->mutable_usage()->set_prompt_tokens(o.n_prompt_tokens);
-    fin->mutable_usage()->set_completion_tokens(o.n_generated);
-    auto* t = fin->mutable_timing();
-    t->set_queue_seconds(o.queue_seconds);
-    t->set_prefill_seconds(o.prefill_seconds);
-    t->set_kv_transfer_seconds(o.kv_transfer_seconds);
-    t->set_decode_queue_seconds(o.decode_queue_seconds);
-    t->set_ttft_seconds(o.ttft_seconds);
-    t->set_e2e_seconds(o.e2e_seconds);
-    t->set_failovers(o.failovers);
-    t->set_cached_prompt_tokens(o.cached_prompt_tokens);
-    fin->set_prefill_worker(o.prefill_address);
-    fin->set_decode_worker(o.decode_address);
-    out_.push_back(serialize(msg));
-  } else {
-    while (out_.size() > (writing_ ? 1u : 0u)) out_.pop_back();  // the front may be in flight
-  }
-  ending_ = true;
-  final_status_ = to_grpc(status);
-  pump_locked();
-}
-
-void GenerateCall::pump_locked() {
-  if (writing_ || finish_called_ || reactor_ == nullptr) return;
-  if (!out_.empty()) {
-    writing_ = true;
-    reactor_->StartWrite(&out_.front());
+  if (!status.ok()) {
+    out_->finish(to_grpc(status), Writer::Queued::kDrop);
     return;
   }
-  if (ending_) {
-    finish_called_ = true;
-    GenerateReactor* r = reactor_;
-    reactor_ = nullptr;
-    r->Finish(final_status_);
-  }
+  v1::GenerateResponse msg;
+  msg.set_request_id(request_id());
+  msg.set_text(tail);
+  auto* fin = msg.mutable_final();
+  fin->set_finish_reason(o.finish_reason == "length" ? v1::FINISH_REASON_LENGTH : v1::FINISH_REASON_STOP);
+  fin->mutable_usage()->set_prompt_tokens(o.n_prompt_tokens);
+  fin->mutable_usage()->set_completion_tokens(o.n_generated);
+  auto* t = fin->mutable_timing();
+  t->set_queue_seconds(o.queue_seconds);
+  t->set_prefill_seconds(o.prefill_seconds);
+  t->set_kv_transfer_seconds(o.kv_transfer_seconds);
+  t->set_decode_queue_seconds(o.decode_queue_seconds);
+  t->set_ttft_seconds(o.ttft_seconds);
+  t->set_e2e_seconds(o.e2e_seconds);
+  t->set_failovers(o.failovers);
+  t->set_cached_prompt_tokens(o.cached_prompt_tokens);
+  fin->set_prefill_worker(o.prefill_address);
+  fin->set_decode_worker(o.decode_address);
+  out_->write(serialize(msg));
+  out_->finish(grpc::Status::OK);
 }
 
+// The client went away: the pipeline is cancelled (its end, emitted after, is dropped).
 void GenerateCall::on_write_done(bool ok) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    if (!out_.empty()) out_.pop_front();
-    if (ok) {
-      pump_locked();
-      return;
-    }
-    out_.clear();  // the client went away: nothing more can reach it
-    if (ending_) {
-      pump_locked();
-      return;
-    }
-  }
-  cancel(cancelled("the client stream broke"));  // emit_end finishes the call
+  if (!out_->on_write_done(ok)) cancel(cancelled("the client stream broke"));
 }
 
 void GenerateCall::on_cancel() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ending_) return;
-  }
+  if (out_->ending()) return;
   // gRPC reports its own deadline, and the server's shutdown at the end of a drain, as a
   // cancellation: name the server-side causes as such (metrics and logs count them apart).
   const bool expired = server_ctx_->deadline() <= std::chrono::system_clock::now();
@@ -185,6 +149,7 @@ void GenerateCall::on_cancel() {
   } else {
     cancel(cancelled("the client cancelled the request"));
   }
+  out_->on_cancel();
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate_call(FrontendContext& fc, grpc::CallbackServerContext* context,

@@ -4,8 +4,9 @@
 // turns client cancellation and deadlines into cancel().
 //
 // Ownership: GenerateReactor (the server-side gRPC reactor) holds the GenerateCall; the pipeline
-// holds the call as its sink until it has ended. The reactor deletes itself in OnDone and only
-// there; the call touches it only before it has called Finish on it.
+// holds the call as its sink until it has ended. The call writes through a GrpcStreamWriter
+// (common/grpc_stream_writer.h, whose lifetime rule it follows); the reactor deletes itself in
+// OnDone and only there.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

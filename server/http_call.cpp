@@ -123,7 +123,7 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
   if (req.has_header("X-Request-Id")) parsed->generate.set_request_id(req.get_header_value("X-Request-Id"));
   stream_ = parsed->stream;
   include_usage_ = parsed->include_usage;
-  start(parsed->generate, CallDeadline::max(), parsed->spec_options);
+  start(parsed->generate, CallDeadline::max(), parsed->validation);
 
   std::unique_lock<std::mutex> lock(mu_);
   wait_locked(lock, [this] { return ended_ || (stream_ && got_tokens_); });
@@ -131,8 +131,8 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
     set_error_response(res, status_);
     return;
   }
-  header_.id = response_id(header_.endpoint, spec().request_id);
-  res.set_header("X-Request-Id", spec().request_id);
+  header_.id = response_id(header_.endpoint, request_id());
+  res.set_header("X-Request-Id", request_id());
   if (!stream_) {
     send_whole(res);
     return;

@@ -294,7 +294,7 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   } else if (endpoint == OpenAiEndpoint::kCompletions) {
     r.set_max_tokens(16);
   } else {
-    req.spec_options.max_tokens_zero_fills_context = true;
+    req.validation.max_tokens_zero_fills_context = true;
   }
 
   v1::SamplingParams* s = r.mutable_sampling();
@@ -438,7 +438,7 @@ int http_status_of(StatusCode code) {
 }
 
 std::string error_body(int http_status, const Status& status) {
-  // The spec's messages name GenerateRequest fields; OpenAI's names are these.
+  // Validation's messages name GenerateRequest fields; OpenAI's names are these.
   std::string message = status.message();
   if (message.rfind("sampling.", 0) == 0) message.erase(0, 9);
   if (message.rfind("prompt_token_ids", 0) == 0) message.replace(0, 16, "prompt");

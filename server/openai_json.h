@@ -1,6 +1,6 @@
 // The OpenAI-compatible HTTP API's JSON ↔ baton's types, in one place: request bodies of
 // POST /v1/completions and /v1/chat/completions become a GenerateRequest (which
-// make_generate_spec validates, as for gRPC), and a request's text, usage and timing become the
+// validate_request validates, as for gRPC), and a request's text, usage and timing become the
 // response objects (text_completion, chat.completion, their streamed chunks), the model list and
 // errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 //
@@ -9,7 +9,7 @@
 // features baton does not implement (n > 1, logprobs, echo, tools, penalties, ...) are refused by
 // name instead of being silently ignored. Fields OpenAI does not define are ignored, except
 // baton's own: top_k, ignore_eos, priority. Everything else (ranges, the prompt's size, stop
-// strings, priority bounds) is make_generate_spec's, so each field is validated once.
+// strings, priority bounds) is validate_request's, so each field is validated once.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,7 @@
 #include "baton/v1/generate.pb.h"
 #include "common/status.h"
 #include "scheduler/request_pipeline.h"
-#include "server/request_spec.h"
+#include "server/request_validation.h"
 
 namespace baton {
 
@@ -31,8 +31,8 @@ inline constexpr int kMaxJsonDepth = 32;
 
 // A parsed request body.
 struct OpenAiRequest {
-  v1::GenerateRequest generate;  // what make_generate_spec validates
-  SpecOptions spec_options;      // chat without max_tokens: the rest of the context
+  v1::GenerateRequest generate;  // what validate_request validates
+  ValidationOptions validation;  // chat without max_tokens: the rest of the context
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
 };

@@ -22,32 +22,24 @@ Status PublicCall::authorize(std::string_view authorization) {
   return fc_.api_keys->check_authorization(authorization, &key_max_priority_);
 }
 
-void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline, const SpecOptions& options) {
+void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline, const ValidationOptions& options) {
   // No request runs longer than --max-request-seconds, whatever it asked (or did not ask) for.
   deadline = std::min(deadline, std::chrono::system_clock::now() + fc_.max_request);
   if (fc_.draining != nullptr && fc_.draining->load()) {
     refuse(unavailable("this frontend is shutting down; retry on another replica"));
     return;
   }
-  SpecOptions opts = options;
+  ValidationOptions opts = options;
   opts.key_max_priority = key_max_priority_;
   // A client that names no request gets a random public id (the workers see other ids).
-  auto spec = make_generate_spec(request, *fc_.model, "req-" + random_request_id().substr(0, 16), opts);
-  if (!spec.ok()) {
-    refuse(spec.status());
+  auto valid = validate_request(request, *fc_.model, "req-" + random_request_id().substr(0, 16), opts);
+  if (!valid.ok()) {
+    refuse(valid.status());
     return;
   }
-  spec_ = std::move(*spec);
-  text_.emplace(*fc_.model->tokenizer, spec_.stop);
-  PipelineRequest pr;
-  pr.label = spec_.request_id;
-  pr.prompt_ids = spec_.prompt_ids;
-  pr.max_tokens = spec_.max_tokens;
-  pr.sampling = spec_.sampling;
-  pr.ignore_eos = spec_.ignore_eos;
-  pr.stop_ids = fc_.model->tokenizer->stop_ids();
-  pr.priority = spec_.priority;
-  pr.model_fingerprint = fc_.model->fingerprint;
+  request_id_ = valid->pipeline.label;
+  text_.emplace(*fc_.model->tokenizer, std::move(valid->stop));
+  PipelineRequest& pr = valid->pipeline;
   pr.arrival = arrival_;
   pr.call_deadline = deadline;
   if (deadline != CallDeadline::max()) {
@@ -64,7 +56,7 @@ void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline
 }
 
 void PublicCall::refuse(const Status& status) {
-  spdlog::info("req={} refused: {}", spec_.request_id.empty() ? "-" : spec_.request_id, status.to_string());
+  spdlog::info("req={} refused: {}", request_id_.empty() ? "-" : request_id_, status.to_string());
   count_end(status);
   emit_end(status, PipelineOutcome{}, std::string());
 }
@@ -136,11 +128,11 @@ void PublicCall::on_end(const Status& status, const PipelineOutcome& outcome) {
   o.decode_address = worker_label("decode", outcome.decode_address);
   count_end(status);
   if (!status.ok()) {
-    spdlog::info("req={} ended: {}", spec_.request_id, status.to_string());
+    spdlog::info("req={} ended: {}", request_id_, status.to_string());
     emit_end(status, o, std::string());
     return;
   }
-  spdlog::info("req={} done: {} tokens, finish {}, ttft {:.3f}s, e2e {:.3f}s{}", spec_.request_id, o.n_generated,
+  spdlog::info("req={} done: {} tokens, finish {}, ttft {:.3f}s, e2e {:.3f}s{}", request_id_, o.n_generated,
                o.finish_reason, o.ttft_seconds, o.e2e_seconds,
                o.failovers > 0 ? ", failovers " + std::to_string(o.failovers) : std::string());
   if (fc_.metrics) {

@@ -1,6 +1,6 @@
 // The half of one public request that does not depend on the surface it came in on (gRPC
 // Generate, the OpenAI-compatible HTTP API): admission (the API key, the drain, validation into
-// a GenerateSpec), the RequestPipeline, token ids → text with stop strings, and the request-level
+// a ValidRequest), the RequestPipeline, token ids → text with stop strings, and the request-level
 // metrics and logs. A surface derives from PublicCall, turns its wire format into a
 // GenerateRequest, and writes what emit_tokens / emit_end give it; everything a client can be
 // refused for is decided here, once, the same way for every surface.
@@ -27,7 +27,7 @@
 #include "common/api_keys.h"
 #include "common/metrics.h"
 #include "scheduler/request_pipeline.h"
-#include "server/request_spec.h"
+#include "server/request_validation.h"
 #include "server/text_stream.h"
 
 namespace baton {
@@ -63,7 +63,7 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   Status authorize(std::string_view authorization);
   // Refuses the request while draining or when a field is wrong; otherwise starts its pipeline.
   // `deadline`: when the client stops waiting (max: never).
-  void start(const v1::GenerateRequest& request, CallDeadline deadline, const SpecOptions& options = {});
+  void start(const v1::GenerateRequest& request, CallDeadline deadline, const ValidationOptions& options = {});
   // Ends a call that has no pipeline (yet): counted, logged, emit_end(status).
   void refuse(const Status& status);
   // Ends the request with `why` (its pipeline calls emit_end) unless it has ended; nothing
@@ -72,7 +72,7 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
 
   FrontendContext& frontend() const { return fc_; }
   // Valid once start() has accepted the request (read-only from then on).
-  const GenerateSpec& spec() const { return spec_; }
+  const std::string& request_id() const { return request_id_; }
 
   // Text that is ready for the client with the ids it completes (text may be empty mid-character).
   virtual void emit_tokens(std::span<const int32_t> ids, const std::string& text) = 0;
@@ -86,7 +86,7 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   FrontendContext& fc_;
   const TimePoint arrival_;
   std::optional<int32_t> key_max_priority_;  // the caller's API key's bound, when it has one
-  GenerateSpec spec_;
+  std::string request_id_;  // the client's, or one made up for it
   // Touched only in the pipeline's callbacks, which its mutex orders.
   std::optional<TextStream> text_;
   bool first_token_seen_ = false;

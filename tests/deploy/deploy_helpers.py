@@ -74,9 +74,9 @@ def _options(src, receiver=""):
 
 
 def flags_from_source(subcommand="serve"):
-    """{flag: env or None} of `baton serve` (or `local`) read from server/serve_commands.cpp:
+    """{flag: env or None} of `baton serve` (or `local`) read from app/serve_commands.cpp:
     the common flags (add_common_flags) plus those added to that subcommand's CLI::App."""
-    src = (REPO / "server" / "serve_commands.cpp").read_text()
+    src = (REPO / "app" / "serve_commands.cpp").read_text()
     common = src[src.index("void add_common_flags("):]
     common = common[:common.index("\n}\n")]
     flags = _options(common)
@@ -91,7 +91,7 @@ def serve_flags():
     binary = baton_binary()
     if binary is None:
         env = flags_from_source("serve")
-        return Flags(env, {f: None for f in env}, "server/serve_commands.cpp")
+        return Flags(env, {f: None for f in env}, "app/serve_commands.cpp")
     out = subprocess.run([str(binary), "serve", "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     env, spec = flags_from_help(out.stdout)

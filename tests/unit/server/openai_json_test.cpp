@@ -1,5 +1,5 @@
 // The OpenAI-compatible API's JSON (server/openai_json.h): request bodies → GenerateRequest
-// (then make_generate_spec, as the HTTP API does), response objects and errors → JSON, parsed
+// (then validate_request, as the HTTP API does), response objects and errors → JSON, parsed
 // back here with nlohmann-json and compared field by field. Values are random, fresh each run
 // (BATON_TEST_SEED replays one). The HTTP server itself runs in tests/integration/test_openai_api.py.
 #include <nlohmann/json.hpp>
@@ -110,7 +110,7 @@ TEST_CASE("a completions body becomes the GenerateRequest it asks for", "[openai
     for (size_t i = 0; i < stop.size(); ++i) CHECK(g.stop(static_cast<int>(i)) == stop[i]);
     CHECK(r->stream == (round % 2 == 0));
     CHECK(r->include_usage == (round % 4 == 0));
-    CHECK(g.model().empty());  // checked here; the spec serves the one model
+    CHECK(g.model().empty());  // checked here; validation serves the one model
   }
 }
 
@@ -121,7 +121,7 @@ TEST_CASE("OpenAI's defaults: 16 tokens for completions, the rest of the context
   CHECK(c->generate.max_tokens() == 16);
   CHECK(c->generate.sampling().temperature() == 1.0f);
   CHECK_FALSE(c->generate.sampling().has_top_p());
-  CHECK_FALSE(c->spec_options.max_tokens_zero_fills_context);
+  CHECK_FALSE(c->validation.max_tokens_zero_fills_context);
   CHECK_FALSE(c->stream);
   // 64 random bits each time: two requests without a seed draw different text.
   auto again = parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}});
@@ -132,16 +132,17 @@ TEST_CASE("OpenAI's defaults: 16 tokens for completions, the rest of the context
   auto chat = parse(OpenAiEndpoint::kChat, chat_body);
   REQUIRE(chat.ok());
   CHECK(chat->generate.max_tokens() == 0);
-  CHECK(chat->spec_options.max_tokens_zero_fills_context);
-  auto spec = make_generate_spec(chat->generate, served().model, "id", chat->spec_options);
-  REQUIRE(spec.ok());
-  CHECK(spec->max_tokens + static_cast<int64_t>(spec->prompt_ids.size()) == served().model.config.n_ctx);
+  CHECK(chat->validation.max_tokens_zero_fills_context);
+  auto valid = validate_request(chat->generate, served().model, "id", chat->validation);
+  REQUIRE(valid.ok());
+  const PipelineRequest& pr = valid->pipeline;
+  CHECK(pr.max_tokens + static_cast<int64_t>(pr.prompt_ids.size()) == served().model.config.n_ctx);
   // Sent explicitly, 0 is the client's mistake, not the default.
   Json zero = chat_body;
   zero["max_tokens"] = 0;
   auto z = parse(OpenAiEndpoint::kChat, zero);
   REQUIRE(z.ok());
-  CHECK(make_generate_spec(z->generate, served().model, "id", z->spec_options).status().code() ==
+  CHECK(validate_request(z->generate, served().model, "id", z->validation).status().code() ==
         StatusCode::kInvalidArgument);
   // max_completion_tokens is chat's newer name for it.
   Json newer = chat_body;
@@ -170,11 +171,11 @@ TEST_CASE("every prompt form OpenAI allows for one prompt, and several are refus
     CHECK(st.code() == StatusCode::kInvalidArgument);
     CHECK(error_of(st)["param"] == "prompt");
   }
-  // An id outside the vocabulary: the spec names it, in OpenAI's name for the field.
+  // An id outside the vocabulary: validation names it, in OpenAI's name for the field.
   ids.push_back(275 + static_cast<int32_t>(rng() % 1000));
   auto r = parse(OpenAiEndpoint::kCompletions, {{"prompt", ids}});
   REQUIRE(r.ok());
-  const Status st = make_generate_spec(r->generate, served().model, "id").status();
+  const Status st = validate_request(r->generate, served().model, "id").status();
   REQUIRE(st.code() == StatusCode::kInvalidArgument);
   const Json e = error_of(st);
   CHECK(e["param"] == "prompt");
@@ -209,10 +210,10 @@ TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(st.message(), Catch::StartsWith("messages[0].content[1].type"));
   CHECK(error_of(st)["param"] == "messages");
-  // A role the template does not know: the spec refuses it, naming the message.
+  // A role the template does not know: validation refuses it, naming the message.
   auto tool = parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}});
   REQUIRE(tool.ok());
-  CHECK_THAT(make_generate_spec(tool->generate, served().model, "id").status().message(),
+  CHECK_THAT(validate_request(tool->generate, served().model, "id").status().message(),
              Catch::StartsWith("messages[0].role"));
   CHECK(parse(OpenAiEndpoint::kChat, {{"messages", Json::array()}}).status().code() == StatusCode::kInvalidArgument);
   CHECK(parse(OpenAiEndpoint::kChat, {{"prompt", "no messages"}}).status().code() == StatusCode::kInvalidArgument);
@@ -356,7 +357,7 @@ TEST_CASE("bodies that are not JSON objects get INVALID_ARGUMENT with a short me
         StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("the spec's range checks reach the client under OpenAI's field names", "[openai]") {
+TEST_CASE("validation's range checks reach the client under OpenAI's field names", "[openai]") {
   struct Case {
     Json body;
     const char* param;
@@ -378,7 +379,7 @@ TEST_CASE("the spec's range checks reach the client under OpenAI's field names",
     INFO(c.body.dump());
     auto r = parse(OpenAiEndpoint::kCompletions, c.body);
     REQUIRE(r.ok());
-    const Status st = make_generate_spec(r->generate, served().model, "id", r->spec_options).status();
+    const Status st = validate_request(r->generate, served().model, "id", r->validation).status();
     REQUIRE_FALSE(st.ok());
     CHECK(http_status_of(st.code()) == c.http_status);
     const Json e = error_of(st);

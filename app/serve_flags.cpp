@@ -1,9 +1,9 @@
-#include "server/serve_flags.h"
+#include "app/serve_flags.h"
 
 #include <sstream>
 
-#include "server/engine_commands.h"
-#include "server/request_spec.h"
+#include "app/engine_commands.h"
+#include "server/request_validation.h"
 
 namespace baton {
 

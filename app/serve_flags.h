@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/tls.h"
+#include "scheduler/progress_watch.h"
 
 namespace baton {
 
@@ -34,9 +35,10 @@ struct ServeArgs {
   int max_requests = 256;
   int max_priority = 0;
   int max_failovers = 2;
-  double progress_grace_seconds = 1.5;   // 0: no progress watchdog
-  double progress_slack = 3.0;
-  double progress_min_prefill_rate = 50;  // prompt tokens/s assumed of a worker not measured yet
+  // The watchdog's defaults are ProgressConfig's (scheduler/progress_watch.h).
+  double progress_grace_seconds = ProgressConfig{}.grace_seconds;  // 0: no progress watchdog
+  double progress_slack = ProgressConfig{}.slack;
+  double progress_min_prefill_rate = ProgressConfig{}.min_prefill_tokens_per_second;  // of a worker not measured yet
   double worker_keepalive_seconds = 10;
   double worker_keepalive_timeout_seconds = 5;
   int max_message_bytes = 4 << 20;  // public API: one request message (gRPC) or body (HTTP)

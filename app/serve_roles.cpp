@@ -1,4 +1,4 @@
-#include "server/serve_roles.h"
+#include "app/serve_roles.h"
 
 #include <algorithm>
 #include <optional>
@@ -12,8 +12,8 @@
 #include "kv/nccl/nccl_api.h"
 #include "kv/nccl/nccl_transport.h"
 #endif
-#include "server/engine_commands.h"
-#include "server/request_spec.h"
+#include "app/engine_commands.h"
+#include "server/request_validation.h"
 
 namespace baton {
 namespace {

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "common/version.h"
-#include "server/engine_commands.h"
+#include "app/engine_commands.h"
 #if BATON_WITH_SERVING
-#include "server/serve_commands.h"
+#include "app/serve_commands.h"
 #endif
 
 int main(int argc, char** argv) {

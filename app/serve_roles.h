@@ -1,5 +1,5 @@
 // The roles `baton serve` and `baton local` run — decode worker, prefill worker, frontend — each
-// as its engine, its gRPC service and its server, started from the flags (server/serve_flags.h)
+// as its engine, its gRPC service and its server, started from the flags (app/serve_flags.h)
 // and drained the same way; the credentials a role's endpoints use; and the refusal to listen
 // beyond loopback unauthenticated.
 #pragma once
@@ -37,7 +37,7 @@
 #include "server/admin_service.h"
 #include "server/frontend.h"
 #include "server/http_api.h"
-#include "server/serve_flags.h"
+#include "app/serve_flags.h"
 
 namespace baton {
 

@@ -1,4 +1,4 @@
-#include "server/engine_commands.h"
+#include "app/engine_commands.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
-// A validated Generate request in baton's own types (protobuf stops here: the scheduler and the
-// call pipeline see only GenerateSpec). Every bad field gives INVALID_ARGUMENT naming it.
+// A public Generate request validated against the served model, into the pipeline's own request
+// (protobuf stops here: the scheduler and the pipeline see only PipelineRequest). Built once, then
+// moved into the pipeline. Every bad field gives INVALID_ARGUMENT naming it.
 #pragma once
 
 #include <optional>
@@ -12,17 +13,16 @@
 #include "model/config.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "scheduler/request_pipeline.h"
 
 namespace baton {
 
-struct GenerateSpec {
-  std::string request_id;
-  std::vector<int32_t> prompt_ids;
-  SamplingParams sampling;
-  int32_t max_tokens = 0;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  int32_t priority = 0;
+struct ValidRequest {
+  // label (the client's request id, or the one made up for it), prompt_ids, max_tokens,
+  // sampling, ignore_eos, priority, and the served model's stop_ids and fingerprint; the call
+  // adds its arrival and deadline.
+  PipelineRequest pipeline;
+  std::vector<std::string> stop;  // stop strings: the frontend's text layer applies them
 };
 
 // What validation needs to know: the served model, and the frontend's limit on priority.
@@ -55,7 +55,7 @@ std::string quote_input(const std::string& s);
 inline constexpr int32_t kPriorityBound = 1000;
 
 // What differs between the surfaces a request comes in on.
-struct SpecOptions {
+struct ValidationOptions {
   // The caller's API key's priority bound, when it has one (else model.max_priority, the
   // frontend's --max-priority).
   std::optional<int32_t> key_max_priority;
@@ -64,8 +64,8 @@ struct SpecOptions {
 };
 
 // `generated_id` is used when the request carries no id.
-Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& request, const ServedModel& model,
-                                        const std::string& generated_id, const SpecOptions& options = {});
+Result<ValidRequest> validate_request(const v1::GenerateRequest& request, const ServedModel& model,
+                                        const std::string& generated_id, const ValidationOptions& options = {});
 
 v1::ModelInfo model_info(const ServedModel& model);
 

@@ -1,4 +1,4 @@
-#include "server/serve_commands.h"
+#include "app/serve_commands.h"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -14,9 +14,9 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "server/metrics_server.h"
-#include "server/engine_commands.h"
-#include "server/serve_flags.h"
-#include "server/serve_roles.h"
+#include "app/engine_commands.h"
+#include "app/serve_flags.h"
+#include "app/serve_roles.h"
 
 namespace baton {
 namespace {
@@ -51,6 +51,27 @@ void print_listening(int port, const HttpApi* http = nullptr) {
   std::fflush(stdout);
 }
 
+// The /metrics endpoint, when --metrics-listen asks for one (else null). It outlives the roles.
+Result<std::unique_ptr<MetricsServer>> start_metrics_server(const std::string& listen, Metrics& metrics) {
+  if (listen.empty()) return std::unique_ptr<MetricsServer>();
+  return MetricsServer::start(listen, metrics.registry());
+}
+
+// A worker role (DecodeRole, PrefillRole) that started: its stall watch and health, until a
+// signal, then its drain. Returns the exit code: 0 after the drain, else the failed start's.
+template <class WorkerRole>
+int serve_worker(Result<std::unique_ptr<WorkerRole>> r, const ServeArgs& a, const char* what) {
+  if (!r.ok()) return fail(r.status());
+  watch_worker(**r, a.stall_timeout, what);
+  spdlog::info("{} serving on port {}", what, (*r)->server->port());
+  if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
+  print_listening((*r)->server->port());
+  wait_for_signal();
+  (*r)->drain(std::chrono::seconds(a.drain_timeout));
+  spdlog::info("drained; exiting");
+  return 0;
+}
+
 // Graceful drain on SIGTERM (all roles): health turns NOT_SERVING and the role reports
 // `draining` in its load report (frontends route around it), new calls are refused with
 // UNAVAILABLE, and in-flight calls get up to --drain-timeout seconds to finish before the server
@@ -69,43 +90,23 @@ int run_serve(const ServeArgs& a) {
   Result<std::vector<int>> cpus = std::vector<int>{};
   if (!a.cpus.empty()) cpus = parse_cpu_list(a.cpus, "--cpus");
   if (!cpus.ok()) return fail(cpus.status());
-  const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
-  std::unique_ptr<MetricsServer> metrics_server;
-  if (!a.metrics_listen.empty()) {
-    auto ms = MetricsServer::start(a.metrics_listen, metrics.registry());
-    if (!ms.ok()) return fail(ms.status());
-    metrics_server = std::move(*ms);
+  auto metrics_server = start_metrics_server(a.metrics_listen, metrics);
+  if (!metrics_server.ok()) return fail(metrics_server.status());
+  const std::string name = a.name.empty() ? a.listen : a.name;
+  if (a.role == "decode") return serve_worker(start_decode(a, *sec, a.listen, name, *cpus, &metrics), a, "decode worker");
+  if (a.role == "prefill") {
+    return serve_worker(start_prefill(a, *sec, a.listen, name, *cpus, &metrics), a, "prefill worker");
   }
-  if (a.role == "decode") {
-    auto r = start_decode(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, *cpus, &metrics);
-    if (!r.ok()) return fail(r.status());
-    watch_worker(**r, a.stall_timeout, "decode worker");
-    spdlog::info("decode worker serving on port {}", (*r)->server->port());
-    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
-    print_listening((*r)->server->port());
-    wait_for_signal();
-    (*r)->drain(grace);
-  } else if (a.role == "prefill") {
-    auto r = start_prefill(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, *cpus, &metrics);
-    if (!r.ok()) return fail(r.status());
-    watch_worker(**r, a.stall_timeout, "prefill worker");
-    spdlog::info("prefill worker serving on port {}", (*r)->server->port());
-    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
-    print_listening((*r)->server->port());
-    wait_for_signal();
-    (*r)->drain(grace);
-  } else {
-    auto r = start_frontend(a, *sec, a.listen, a.name.empty() ? a.listen : a.name, split_list(a.prefill_addresses),
-                            split_list(a.decode_addresses), &metrics);
-    if (!r.ok()) return fail(r.status());
-    spdlog::info("frontend serving on port {}{}", (*r)->server->port(),
-                 (*r)->http ? ", HTTP API on port " + std::to_string((*r)->http->port()) : std::string());
-    if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
-    print_listening((*r)->server->port(), (*r)->http.get());
-    wait_for_signal();
-    (*r)->drain(grace);
-  }
+  auto r = start_frontend(a, *sec, a.listen, name, split_list(a.prefill_addresses), split_list(a.decode_addresses),
+                          &metrics);
+  if (!r.ok()) return fail(r.status());
+  spdlog::info("frontend serving on port {}{}", (*r)->server->port(),
+               (*r)->http ? ", HTTP API on port " + std::to_string((*r)->http->port()) : std::string());
+  if (Status s = add_health(*(*r)->server, a); !s.ok()) return fail(s);
+  print_listening((*r)->server->port(), (*r)->http.get());
+  wait_for_signal();
+  (*r)->drain(std::chrono::seconds(a.drain_timeout));
   spdlog::info("drained; exiting");
   return 0;
 }
@@ -174,12 +175,8 @@ int run_local(const ServeArgs& a) {
   }
   const auto grace = std::chrono::seconds(a.drain_timeout);
   Metrics metrics;
-  std::unique_ptr<MetricsServer> metrics_server;
-  if (!a.metrics_listen.empty()) {
-    auto ms = MetricsServer::start(a.metrics_listen, metrics.registry());
-    if (!ms.ok()) return fail(ms.status());
-    metrics_server = std::move(*ms);
-  }
+  auto metrics_server = start_metrics_server(a.metrics_listen, metrics);
+  if (!metrics_server.ok()) return fail(metrics_server.status());
   std::vector<std::unique_ptr<DecodeRole>> decoders;
   std::vector<std::unique_ptr<PrefillRole>> prefillers;
   std::vector<std::string> decode_addrs, prefill_addrs;

@@ -1,9 +1,11 @@
-#include "server/request_spec.h"
+#include "server/request_validation.h"
 
+#include "model/token_checks.h"
 #include "proto/convert.h"
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 namespace baton {
 namespace {
@@ -48,11 +50,12 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
   return static_cast<size_t>(n_ctx) * longest;
 }
 
-Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const ServedModel& m,
-                                        const std::string& generated_id, const SpecOptions& options) {
-  GenerateSpec spec;
-  spec.request_id = r.request_id().empty() ? generated_id : r.request_id();
-  if (spec.request_id.size() > kMaxRequestIdBytes || !printable_ascii(spec.request_id)) {
+Result<ValidRequest> validate_request(const v1::GenerateRequest& r, const ServedModel& m,
+                                        const std::string& generated_id, const ValidationOptions& options) {
+  ValidRequest valid;
+  PipelineRequest& spec = valid.pipeline;
+  spec.label = r.request_id().empty() ? generated_id : r.request_id();
+  if (spec.label.size() > kMaxRequestIdBytes || !printable_ascii(spec.label)) {
     return invalid_argument("request_id must be at most 128 printable ASCII characters without spaces");
   }
   if (!r.model().empty() && r.model() != m.name) {
@@ -80,19 +83,12 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     spec.prompt_ids = std::move(*ids);
     if (m.tokenizer->add_bos()) spec.prompt_ids.insert(spec.prompt_ids.begin(), m.tokenizer->bos_id());
   } else if (r.prompt_token_ids_size() > 0) {
-    if (r.prompt_token_ids_size() >= m.config.n_ctx) {  // counted before any is copied
-      return invalid_argument("prompt_token_ids holds " + std::to_string(r.prompt_token_ids_size()) +
-                              " ids: the context of " + std::to_string(m.config.n_ctx) +
-                              " tokens has no room left for max_tokens; shorten it");
-    }
-    for (int i = 0; i < r.prompt_token_ids_size(); ++i) {
-      const int32_t id = r.prompt_token_ids(i);
-      if (id < 0 || id >= m.config.n_vocab) {
-        return invalid_argument("prompt_token_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
-                                " is outside the vocabulary [0, " + std::to_string(m.config.n_vocab) + ")");
-      }
-      spec.prompt_ids.push_back(id);
-    }
+    const std::span<const int32_t> ids(r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size()));
+    // Counted before any is checked or copied.
+    BATON_RETURN_IF_ERROR(check_context(static_cast<int64_t>(ids.size()) + 1, m.config,
+                                        "prompt_token_ids (" + std::to_string(ids.size()) + " ids) + one new token"));
+    BATON_RETURN_IF_ERROR(check_token_ids(ids, m.config, "prompt_token_ids"));
+    spec.prompt_ids.assign(ids.begin(), ids.end());
   } else {
     if (!m.chat_template) {
       return invalid_argument("messages: this model has no chat template baton knows; send prompt text instead");
@@ -118,12 +114,18 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
   if (r.max_tokens() < 0 || (r.max_tokens() == 0 && !options.max_tokens_zero_fills_context)) {
     return invalid_argument("max_tokens must be >= 1, got " + std::to_string(r.max_tokens()));
   }
-  const int64_t max_tokens = r.max_tokens() > 0 ? r.max_tokens() : m.config.n_ctx - n_prompt;
-  if (max_tokens <= 0 || n_prompt + max_tokens > m.config.n_ctx) {
-    return invalid_argument("max_tokens " + std::to_string(max_tokens) + " + prompt " + std::to_string(n_prompt) +
-                            " tokens exceeds the context of " + std::to_string(m.config.n_ctx) + " tokens");
+  if (r.max_tokens() > 0) {
+    // Named max_tokens first: that is the field a client lowers.
+    BATON_RETURN_IF_ERROR(check_context(n_prompt + r.max_tokens(), m.config,
+                                        "max_tokens (" + std::to_string(r.max_tokens()) + ") + prompt (" +
+                                            std::to_string(n_prompt) + " tokens)"));
+    spec.max_tokens = r.max_tokens();
+  } else {
+    // max_tokens 0 (chat's default here): the rest of the context, which must hold one token at least.
+    BATON_RETURN_IF_ERROR(check_context(n_prompt + 1, m.config,
+                                        "the prompt (" + std::to_string(n_prompt) + " tokens) + one new token"));
+    spec.max_tokens = static_cast<int32_t>(m.config.n_ctx - n_prompt);
   }
-  spec.max_tokens = static_cast<int32_t>(max_tokens);
 
   spec.sampling = sampling_from_proto(r.sampling());
   if (Status st = validate_sampling(spec.sampling); !st.ok()) return invalid_argument("sampling." + st.message());
@@ -135,7 +137,7 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
     if (r.stop(i).empty() || r.stop(i).size() > kMaxStopBytes) {
       return invalid_argument("stop[" + std::to_string(i) + "] must be 1 to 256 bytes");
     }
-    spec.stop.push_back(r.stop(i));
+    valid.stop.push_back(r.stop(i));
   }
   spec.ignore_eos = r.ignore_eos();
   if (r.priority() < -kPriorityBound || r.priority() > kPriorityBound) {
@@ -153,7 +155,9 @@ Result<GenerateSpec> make_generate_spec(const v1::GenerateRequest& r, const Serv
                              "; lower priorities are always allowed");
   }
   spec.priority = r.priority();
-  return spec;
+  spec.stop_ids = m.tokenizer->stop_ids();
+  spec.model_fingerprint = m.fingerprint;
+  return valid;
 }
 
 v1::ModelInfo model_info(const ServedModel& m) {
