@@ -154,7 +154,7 @@ class RecordingTransport final : public KvTransport {
   std::map<std::string, int32_t> first_tokens;
 };
 
-TEST_CASE("kv sender: every queued transfer runs once and reports; stop runs what is queued", "[kv][kv_sender]") {
+TEST_CASE("kv sender: every queued transfer runs once and reports, and stop runs what is queued", "[kv][kv_sender]") {
   RecordingTransport transport;
   std::mutex mu;
   std::map<std::string, Status> done;

@@ -64,7 +64,7 @@ TEST_CASE("finish reasons have the API's names", "[stop_rule]") {
   CHECK(std::string(finish_reason_name(FinishReason::kNone)).empty());
 }
 
-TEST_CASE("a stop id ends generation unless ignore_eos; max_tokens ends it at length", "[stop_rule]") {
+TEST_CASE("a stop id ends generation unless ignore_eos, and max_tokens ends it at length", "[stop_rule]") {
   std::mt19937 rng(test_seed());
   const std::vector<int32_t> stop_ids = {2, 7};
   const int64_t max_tokens = 5 + static_cast<int64_t>(rng() % 50);
