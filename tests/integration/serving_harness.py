@@ -1,6 +1,8 @@
-"""Helpers for the serving tests: a running `baton` process, Prometheus text parsing."""
+"""Helpers for the serving tests: a running `baton` process, Prometheus text parsing, certificates
+and API keys for the secure flags, and the OpenAI client on the HTTP API."""
 
 import collections
+import os
 import re
 import signal
 import socket
@@ -268,3 +270,137 @@ def wait_blocks_free(srv, timeout=10, roles=("decode",), role=None):
 def kv_blocks_of(samples, role):
     """{labels: value} of the samples of one role."""
     return {k: v for k, v in samples.items() if f'role="{role}"' in k}
+
+
+# ---- certificates, API keys, secure flags ------------------------------------------------------
+
+PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]  # token ids of the test model, for the TLS and API-key tests
+# API keys the tests' clients send (conftest's pki fixture lists both in pki.keys).
+KEY = "key-" + os.urandom(16).hex()
+PRIVILEGED_KEY = "key-" + os.urandom(16).hex()  # may ask for priority up to 5
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+class Pki:
+    """Certificate authorities and leaf certificates in a directory (EC P-256, made with openssl)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def ca(self, name):
+        crt, key = self.path / f"{name}.crt", self.path / f"{name}.key"
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+                "-out", crt, "-subj", f"/CN={name}", "-days", "2", "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        return crt, key
+
+    def leaf(self, name, ca, sans="IP:127.0.0.1,DNS:localhost"):
+        crt, key, csr = (self.path / f"{name}.{x}" for x in ("crt", "key", "csr"))
+        ext = self.path / f"{name}.ext"
+        ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial", "-out", crt, "-days", "1",
+                "-extfile", ext)
+        return crt, key
+
+
+def internal_flags(pki, role):
+    crt, key = pki.roles[role]
+    return ["--internal-tls-cert", crt, "--internal-tls-key", key, "--internal-tls-ca", pki.internal_ca[0]]
+
+
+def creds(ca, leaf=None):
+    import grpc
+
+    read = lambda p: p.read_bytes()  # noqa: E731
+    if leaf is None:
+        return grpc.ssl_channel_credentials(root_certificates=read(ca[0]))
+    return grpc.ssl_channel_credentials(root_certificates=read(ca[0]), private_key=read(leaf[1]),
+                                        certificate_chain=read(leaf[0]))
+
+
+def tls_generate(pb, address, channel_creds, metadata=(("authorization", f"Bearer {KEY}"),), **fields):
+    import grpc
+
+    with grpc.secure_channel(address, channel_creds) as ch:
+        msgs = list(pb.gen_grpc.GenerationStub(ch).Generate(pb.gen.GenerateRequest(**fields), timeout=60,
+                                                            metadata=metadata))
+    return [t for m in msgs for t in m.token_ids]
+
+
+def start_secure(pki, model, server_factory, worker_flags=(), decode_flags=()):
+    """A frontend, a prefill and a decode worker: mutual TLS inside, TLS + client CA + API keys outside."""
+    decode = server_factory(model, *internal_flags(pki, "decode"), "--dtype", "f32", *worker_flags, *decode_flags,
+                            subcommand=("serve", "--role", "decode"))
+    prefill = server_factory(model, *internal_flags(pki, "prefill"), "--dtype", "f32", *worker_flags,
+                             subcommand=("serve", "--role", "prefill"))
+    front = server_factory(model, *internal_flags(pki, "frontend"), "--prefill-addresses", prefill.address,
+                           "--decode-addresses", decode.address, "--tls-cert", pki.public[0], "--tls-key",
+                           pki.public[1], "--tls-client-ca", pki.public_ca[0], "--api-key-file", pki.keys,
+                           subcommand=("serve", "--role", "frontend"))
+    return front, prefill, decode
+
+
+def start(baton_bin, test_model, *args, command="serve"):
+    """Runs `baton serve ...` (or `command`) until it listens or exits; returns (exit code, or None
+    when it was listening, and everything it printed). BATON_* variables are not passed on: the
+    flags alone say what it does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    p = subprocess.Popen([str(baton_bin), command, "--model", str(test_model), *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("listening on port"):
+            p.terminate()
+            lines.append(p.communicate(timeout=60)[0])
+            return None, "".join(lines)
+    p.wait(timeout=60)
+    return p.returncode, "".join(lines)
+
+
+# ---- the OpenAI-compatible HTTP API -----------------------------------------------------------
+
+HTTP = ("--http-listen", "127.0.0.1:0")
+TEST_MODEL = "test"  # the served name: the file's stem (conftest: test.gguf)
+
+
+def client(srv, **kw):
+    """The openai client on `srv`'s HTTP API, without retries (a refusal must reach the test)."""
+    import openai
+
+    kw.setdefault("api_key", "none")
+    kw.setdefault("timeout", 120)
+    return openai.OpenAI(base_url=srv.http_url + "/v1", max_retries=0, **kw)
+
+
+def reference_text(baton_bin, model, max_tokens, prompt_ids=None, chat=None, prompt=None, temperature=0.0, seed=0,
+                   ignore_eos=True):
+    """What single-process `baton generate` (f32) prints for the request, without its last newline."""
+    args = [str(baton_bin), "generate", "--model", str(model), "--max-tokens", str(max_tokens), "--dtype", "f32",
+            "--temperature", str(temperature), "--seed", str(seed)]
+    if prompt_ids is not None:
+        args += ["--prompt-ids", ",".join(map(str, prompt_ids))]
+    elif chat is not None:
+        args += ["--chat", chat]
+    else:
+        args += ["--prompt", prompt]
+    if ignore_eos:
+        args.append("--ignore-eos")
+    out = subprocess.run(args, check=True, capture_output=True, timeout=300).stdout
+    assert out.endswith(b"\n")
+    return out[:-1].decode("utf-8")
+
+
+def streamed_text(chunks, chat):
+    if chat:
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def random_ids(rng, n):
+    return [rng.randrange(3, 275) for _ in range(n)]

@@ -26,8 +26,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from serving_harness import make_test_model, metric_values
-from test_security import Pki, creds, internal_flags
+from serving_harness import Pki, internal_flags, make_test_model, metric_values
 from test_serving import generate, reference_ids
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 12]
