@@ -68,14 +68,17 @@ def run_all(pb, address, prompt_list, max_tokens):
 
 
 def assert_same_as_undisturbed(streams, reference, max_tokens, killed_at):
-    """Every stream completes. Greedy streams, and streams that did not fail over, equal their
-    undisturbed run token for token. A seeded stream that failed over equals it up to the
-    failover; after it, draws are keyed by position and the same, but the re-prefilled positions'
-    KV is computed by the prefill path, whose rounding differs from the decode path's: where a
-    draw's uniform number falls within that rounding of a cumulative-probability boundary, the
-    token differs (measured in one process, without serving, by bench/reprefill_drift.py: about
-    one continuation in 20 at T = 0.8; see bench/RESULTS.md). Returns how many seeded streams that
-    failed over stayed identical, and how many there were."""
+    """Every stream completes. Greedy streams equal their undisturbed run token for token. A
+    seeded stream equals it up to the fault. After it, draws are keyed by position and the same,
+    but the logits may differ in their last bits: a stream that failed over has its positions'
+    KV re-computed by the prefill path, whose rounding differs from the decode path's, and one
+    that did not now shares its decode steps with the streams that moved over (a batch twice as
+    large, where the f32 GEMM may take another kernel; seen once on a machine without AVX-512, a
+    flip at token 148 of a stream that did not move). Where a draw's uniform number falls within
+    that rounding of a cumulative-probability boundary, the token differs (measured in one
+    process, without serving, by bench/reprefill_drift.py: about one continuation in 20 at T = 0.8;
+    see bench/RESULTS.md). Returns how many seeded streams that failed over stayed identical, and
+    how many there were."""
     same_seeded = n_seeded = 0
     for i, (s, ref) in enumerate(zip(streams, reference)):
         assert s.error is None, f"stream {i}: {s.error.code()} {s.error.details()}"
@@ -86,9 +89,10 @@ def assert_same_as_undisturbed(streams, reference, max_tokens, killed_at):
         before_kill = sum(t < killed_at for t in s.times)
         what = (f"stream {i} ({'seed ' + str(seed_of(i)) if seed_of(i) else 'greedy'}, failovers "
                 f"{s.final.timing.failovers}, {before_kill} tokens before the kill)")
-        if seed_of(i) is not None and s.final.timing.failovers > 0:
-            n_seeded += 1
-            same_seeded += first_diff is None
+        if seed_of(i) is not None:
+            if s.final.timing.failovers > 0:
+                n_seeded += 1
+                same_seeded += first_diff is None
             assert first_diff is None or first_diff >= before_kill, f"{what} differs at token {first_diff}"
         else:
             assert first_diff is None, f"{what} differs from the undisturbed run at token {first_diff}"
