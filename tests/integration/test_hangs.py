@@ -7,9 +7,9 @@ In each test 8 streams run (half greedy, half seeded, as in test_failover.py), t
 mid-stream (or mid-prefill), and:
 - every stream completes with exactly max_tokens tokens, greedy ones token for token equal to the
   undisturbed run, seeded ones up to the fault (test_failover.assert_same_as_undisturbed);
-- each stream that was on the stuck worker gets its next token within 3 s (or, for a stopped
-  prefill, the watchdog's bound from the worker's reported step when that is longer) + one
-  re-prefill of the fault (the re-prefill measured on the same deployment: the moved streams'
+- each stream that was on the stuck worker gets its next token within 3 s (or the watchdog's
+  bound from the worker's step, when that is longer: watchdog_bound) + 0.5 s + one re-prefill of
+  the fault (the re-prefill measured on the same deployment: the moved streams'
   prompts and tokens so far, prefilled together);
 - the stuck worker, resumed, takes new work again, and what it held for the abandoned attempts
   returns (its KV blocks all free).
@@ -75,7 +75,15 @@ def reprefill_seconds(pb, address, work, streams, moved, fault_at):
     return time.monotonic() - t0
 
 
-def check_fault(pb, front, work, reference, streams, fault_at, what):
+def watchdog_bound(step):
+    """The longest silence the frontend allows an attempt whose worker's slowest recent step is
+    `step` (grace 1.5 s + slack 3 x step: the defaults), or the 3 s allowance when that is longer,
+    plus 0.5 s for the watchdog's 100 ms tick and a load report one poll old (a run on a slow
+    machine came 0.03 s past 3 s + the re-prefill)."""
+    return max(ALLOWANCE_S, (1.5 + 3 * step) * TIME_SCALE) + 0.5
+
+
+def check_fault(pb, front, work, reference, streams, fault_at, what, step=0.0):
     same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, MAX_TOKENS, fault_at)
     moved = [i for i, s in enumerate(streams) if s.final.timing.failovers > 0]
     assert moved, f"no stream was on the {what}"
@@ -83,7 +91,7 @@ def check_fault(pb, front, work, reference, streams, fault_at, what):
     # at once; the wait that matters is the failover's).
     gaps = [max(b - max(a, fault_at) for a, b in zip(streams[i].times, streams[i].times[1:]) if b >= fault_at)
             for i in moved]
-    allowed = ALLOWANCE_S + reprefill_seconds(pb, front.address, work, streams, moved, fault_at)
+    allowed = watchdog_bound(step) + reprefill_seconds(pb, front.address, work, streams, moved, fault_at)
     print(f"{what}: {len(moved)} of {len(streams)} streams failed over ({same_seeded} of {n_seeded} seeded ones "
           f"identical); longest wait for a token after the fault {', '.join(f'{g:.2f} s' for g in sorted(gaps))}; allowed {allowed:.2f} s")
     assert max(gaps) <= allowed, f"{what}: fault → next token {max(gaps):.2f} s > {allowed:.2f} s"
@@ -113,6 +121,9 @@ def decode_fault_mid_stream(pb, front, work, fault, what):
     undisturbed = run_all(pb, front.address, work, MAX_TOKENS)
     reference = [s.ids for s in undisturbed]
     assert len(labels_of(undisturbed, "decode_worker")) == 2, "the streams did not use both decode workers"
+    # The decode steps' length, as the workers report it: the longest gap between two tokens of
+    # the undisturbed run (on a slow machine 1.5 s + 3 steps is more than 3 s).
+    step = max(max(b - a for a, b in zip(s.times[1:], s.times[2:])) for s in undisturbed)
     streams = start_streams(pb, front.address, work, MAX_TOKENS)
     wait_until(lambda: min(len(s.ids) for s in streams) >= 40)
     fault()
@@ -120,7 +131,7 @@ def decode_fault_mid_stream(pb, front, work, fault, what):
     for s in streams:
         s.join()
     assert min(s.times[-1] for s in streams) > fault_at, "a stream finished before the fault: make them longer"
-    check_fault(pb, front, work, reference, streams, fault_at, what)
+    check_fault(pb, front, work, reference, streams, fault_at, what, step)
     survivor = labels_of(streams, "decode_worker")
     assert len(survivor) == 1, survivor
     return next(iter(labels_of(undisturbed, "decode_worker") - survivor))
@@ -161,7 +172,7 @@ def test_prefill_worker_stopped_mid_prefill_costs_no_request(pb, server_factory,
     # it reported it: with 512-token steps of 1,500-token prompts that is more than 3 s on a slow
     # machine. The allowance follows the same report (defaults 1.5 s and 3).
     step = max(prefill_step_seconds(pb, p.address) for p in prefill)
-    bound = max(ALLOWANCE_S, (1.5 + 3 * step) * TIME_SCALE + 0.5)
+    bound = watchdog_bound(step)
     streams = greedy()
     time.sleep(0.3)  # into the first prompts' prefill
     prefill[0].proc.send_signal(signal.SIGSTOP)
