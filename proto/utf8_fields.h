@@ -1,5 +1,5 @@
 // Which string field of a serialized message is not UTF-8. Protobuf refuses to parse such a
-// message without saying where; the frontend parses requests itself (server/generate_call.h) and
+// message without saying where; the frontend parses requests itself (server/generate_call.cpp) and
 // uses this to name the field in its INVALID_ARGUMENT.
 #pragma once
 

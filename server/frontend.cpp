@@ -10,6 +10,7 @@
 
 #include "common/grpc_status.h"
 #include "common/thread_name.h"
+#include "proto/convert.h"
 
 namespace baton {
 
@@ -197,6 +198,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Frontend::Generate(grpc::CallbackSer
   auto* reactor = start_generate_call(context_, context, request);
   update_gauges();
   return reactor;
+}
+
+v1::ModelInfo model_info(const ServedModel& m) {
+  v1::ModelInfo info;
+  model_info_to_proto(m.name, m.config, m.fingerprint, m.chat_template ? m.chat_template->name() : "", &info);
+  return info;
 }
 
 grpc::ServerUnaryReactor* Frontend::ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest*,

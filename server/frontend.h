@@ -16,7 +16,7 @@
 #include "common/metrics.h"
 #include "model/model_files.h"
 #include "scheduler/scheduler.h"
-#include "server/generate_call.h"
+#include "server/public_call.h"
 #include "server/grpc_worker_client.h"
 #include "server/request_validation.h"
 #include "server/worker_pool.h"
@@ -37,7 +37,16 @@ struct FrontendConfig {
   std::shared_ptr<ApiKeys> api_keys;  // null: the public API needs no key
 };
 
-// Generate is the raw method: generate_call.h says why.
+// One Generate RPC (generate_call.cpp): the reactor that Frontend::Generate returns. Generate is
+// the raw callback method: the request arrives as bytes and the responses leave as bytes, so that
+// the frontend parses the request itself and a malformed one (bad wire format, a string field
+// that is not UTF-8) gets INVALID_ARGUMENT with a message instead of gRPC's bare UNIMPLEMENTED.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate_call(FrontendContext& fc, grpc::CallbackServerContext* context,
+                                                                const grpc::ByteBuffer* request);
+
+// The served model as ListModels and the admin API describe it.
+v1::ModelInfo model_info(const ServedModel& model);
+
 class Frontend final : public v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::CallbackService> {
  public:
   // `metrics` may be null; it must outlive the frontend.

@@ -1,10 +1,22 @@
-#include "server/generate_call.h"
+// One Generate RPC on the frontend: the gRPC edge of a PublicCall (server/public_call.h, which
+// admits the request, runs its pipeline and turns its tokens into text). This file parses the
+// request's bytes into the call's RequestBuilder, turns text and the end into response messages,
+// writes them one at a time, and turns client cancellation and deadlines into cancel().
+//
+// Ownership: GenerateReactor (the server-side gRPC reactor) holds the GenerateCall; the pipeline
+// holds the call as its sink until it has ended. The call writes through a GrpcStreamWriter
+// (common/grpc_stream_writer.h, whose lifetime rule it follows); the reactor deletes itself in
+// OnDone and only there.
+#include <grpcpp/grpcpp.h>
+
+#include "server/frontend.h"
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 
 #include "common/check.h"
 #include "common/grpc_status.h"
 #include "common/grpc_stream_writer.h"
+#include "proto/convert.h"
 #include "proto/utf8_fields.h"
 
 namespace baton {
@@ -19,6 +31,31 @@ std::string malformed_request_message(const grpc::ByteBuffer& bytes) {
     return "field '" + *field + "' is not valid UTF-8: send text as UTF-8";
   }
   return "the request is not a valid baton.v1.GenerateRequest (malformed protobuf bytes)";
+}
+
+// A GenerateRequest's fields, handed to the builder one by one (proto3: an empty field is unset).
+Result<ValidRequest> read_request(const v1::GenerateRequest& r, const ServedModel& model, RequestBuilder b) {
+  if (!r.request_id().empty()) BATON_RETURN_IF_ERROR(b.request_id(r.request_id()));
+  if (!r.model().empty() && r.model() != model.name) {
+    return invalid_argument("model " + quote_input(r.model()) + " is not served here (ListModels: '" + model.name +
+                            "')");
+  }
+  if (!r.prompt().empty()) BATON_RETURN_IF_ERROR(b.prompt_text(r.prompt()));
+  if (r.prompt_token_ids_size() > 0) {
+    BATON_RETURN_IF_ERROR(b.prompt_ids({r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size())},
+                                       "prompt_token_ids"));
+  }
+  if (r.messages_size() > 0) {
+    std::vector<ChatMessage> messages;
+    for (const v1::ChatMessage& m : r.messages()) messages.push_back({m.role(), m.content()});
+    BATON_RETURN_IF_ERROR(b.messages(messages));
+  }
+  b.max_tokens(r.max_tokens());
+  BATON_RETURN_IF_ERROR(b.sampling(sampling_from_proto(r.sampling()), "sampling."));
+  BATON_RETURN_IF_ERROR(b.stop({r.stop().begin(), r.stop().end()}));
+  b.ignore_eos(r.ignore_eos());
+  BATON_RETURN_IF_ERROR(b.priority(r.priority()));
+  return std::move(b).build();
 }
 
 grpc::ByteBuffer serialize(const v1::GenerateResponse& msg) {
@@ -91,7 +128,7 @@ void GenerateCall::begin(const grpc::ByteBuffer& bytes) {
     refuse(invalid_argument(malformed_request_message(bytes)));
     return;
   }
-  start(request, server_ctx_->deadline());
+  start(read_request(request, *frontend().model, request_builder()), server_ctx_->deadline());
 }
 
 void GenerateCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {

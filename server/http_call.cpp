@@ -114,16 +114,19 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
     set_error_response(res, st);
     return;
   }
-  auto parsed = parse_openai_request(header_.endpoint, body, *frontend().model);
-  if (!parsed.ok()) {
-    refuse(parsed.status());
-    set_error_response(res, parsed.status());
-    return;
+  auto parse = [&]() -> Result<OpenAiRequest> {
+    RequestBuilder builder = request_builder();
+    if (req.has_header("X-Request-Id")) BATON_RETURN_IF_ERROR(builder.request_id(req.get_header_value("X-Request-Id")));
+    return parse_openai_request(header_.endpoint, body, *frontend().model, std::move(builder));
+  };
+  Result<OpenAiRequest> parsed = parse();
+  if (parsed.ok()) {
+    stream_ = parsed->stream;
+    include_usage_ = parsed->include_usage;
+    start(std::move(parsed->request), CallDeadline::max());
+  } else {
+    start(parsed.status(), CallDeadline::max());  // refused, after the drain's refusal
   }
-  if (req.has_header("X-Request-Id")) parsed->generate.set_request_id(req.get_header_value("X-Request-Id"));
-  stream_ = parsed->stream;
-  include_usage_ = parsed->include_usage;
-  start(parsed->generate, CallDeadline::max(), parsed->validation);
 
   std::unique_lock<std::mutex> lock(mu_);
   wait_locked(lock, [this] { return ended_ || (stream_ && got_tokens_); });

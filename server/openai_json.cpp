@@ -105,29 +105,27 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
 }
 
 // A completions prompt: a string, token ids, or an array holding one of those.
-Status read_prompt(const Json& prompt, v1::GenerateRequest* r) {
-  if (prompt.is_string()) {
-    r->set_prompt(prompt.get<std::string>());
-    return {};
-  }
+Status read_prompt(const Json& prompt, RequestBuilder& b) {
+  if (prompt.is_string()) return b.prompt_text(prompt.get<std::string>());
   if (!prompt.is_array()) return wrong_type("prompt", "a string or an array of token ids", prompt);
   if (prompt.empty()) return invalid_argument("prompt is an empty array: send text or token ids");
-  if (prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) return read_prompt(prompt[0], r);
+  if (prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) return read_prompt(prompt[0], b);
   if (prompt[0].is_string() || prompt[0].is_array()) {
     return invalid_argument("prompt holds " + std::to_string(prompt.size()) +
                             " prompts: baton completes one per request (send each in its own)");
   }
+  std::vector<int32_t> ids;
   for (size_t i = 0; i < prompt.size(); ++i) {
     BATON_ASSIGN_OR_RETURN(const int32_t id, as_int32(prompt[i], "prompt[" + std::to_string(i) + "]"));
-    r->add_prompt_token_ids(id);
+    ids.push_back(id);
   }
-  return {};
+  return b.prompt_ids(ids, "prompt");
 }
 
 // Chat messages: content is a string, null, or text parts ({"type": "text", "text": ...}).
-Status read_messages(const Json& messages, v1::GenerateRequest* r) {
+Status read_messages(const Json& messages, RequestBuilder& b) {
   if (!messages.is_array()) return wrong_type("messages", "an array", messages);
-  if (messages.empty()) return invalid_argument("messages is empty: send at least one message");
+  std::vector<ChatMessage> out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     const Json& m = messages[i];
@@ -135,17 +133,15 @@ Status read_messages(const Json& messages, v1::GenerateRequest* r) {
     const Json* role = member(m, "role");
     if (role == nullptr) return invalid_argument(at + ".role is missing");
     BATON_ASSIGN_OR_RETURN(std::string role_name, as_string(*role, at + ".role"));
-    v1::ChatMessage* out = r->add_messages();
     // OpenAI's newer name for the system role.
-    out->set_role(role_name == "developer" ? "system" : role_name);
+    ChatMessage& message = out.emplace_back(ChatMessage{role_name == "developer" ? "system" : role_name, ""});
     const Json* content = member(m, "content");
     if (content == nullptr) continue;
     if (content->is_string()) {
-      out->set_content(content->get<std::string>());
+      message.content = content->get<std::string>();
       continue;
     }
     if (!content->is_array()) return wrong_type(at + ".content", "a string or an array of text parts", *content);
-    std::string text;
     for (size_t j = 0; j < content->size(); ++j) {
       const std::string part_at = at + ".content[" + std::to_string(j) + "]";
       const Json& part = (*content)[j];
@@ -158,11 +154,10 @@ Status read_messages(const Json& messages, v1::GenerateRequest* r) {
       const Json* part_text = member(part, "text");
       if (part_text == nullptr) return invalid_argument(part_at + ".text is missing");
       BATON_ASSIGN_OR_RETURN(std::string piece, as_string(*part_text, part_at + ".text"));
-      text += piece;
+      message.content += piece;
     }
-    out->set_content(text);
   }
-  return {};
+  return b.messages(out);
 }
 
 // nlohmann's message without the input it quotes ("; last read: '…'" can hold megabytes).
@@ -238,7 +233,8 @@ std::string param_of(const std::string& message) {
 
 }  // namespace
 
-Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model) {
+Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model,
+                                           RequestBuilder b) {
   if (body.empty()) return invalid_argument("the body is empty: send a JSON object");
   bool too_deep = false;
   const Json::parser_callback_t depth_limit = [&](int depth, Json::parse_event_t, Json&) {
@@ -255,7 +251,6 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (!j.is_object()) return wrong_type("the body", "a JSON object", j);
 
   OpenAiRequest req;
-  v1::GenerateRequest& r = req.generate;
   if (const Json* m = member(j, "model")) {
     BATON_ASSIGN_OR_RETURN(const std::string name, as_string(*m, "model"));
     if (name != model.name) {
@@ -268,11 +263,11 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (endpoint == OpenAiEndpoint::kCompletions) {
     const Json* prompt = member(j, "prompt");
     if (prompt == nullptr) return invalid_argument("prompt is missing");
-    BATON_RETURN_IF_ERROR(read_prompt(*prompt, &r));
+    BATON_RETURN_IF_ERROR(read_prompt(*prompt, b));
   } else {
     const Json* messages = member(j, "messages");
     if (messages == nullptr) return invalid_argument("messages is missing");
-    BATON_RETURN_IF_ERROR(read_messages(*messages, &r));
+    BATON_RETURN_IF_ERROR(read_messages(*messages, b));
   }
 
   // max_tokens: OpenAI's default is 16 for completions and the rest of the context for chat
@@ -290,46 +285,45 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   }
   if (max_tokens != nullptr) {
     BATON_ASSIGN_OR_RETURN(const int32_t n, as_int32(*max_tokens, max_tokens_name));
-    r.set_max_tokens(n);
+    b.max_tokens(n);
   } else if (endpoint == OpenAiEndpoint::kCompletions) {
-    r.set_max_tokens(16);
-  } else {
-    req.validation.max_tokens_zero_fills_context = true;
-  }
+    b.max_tokens(16);
+  }  // chat without it: the rest of the context
 
-  v1::SamplingParams* s = r.mutable_sampling();
-  s->set_temperature(1.0f);
+  SamplingParams s;
+  s.temperature = 1.0f;
   if (const Json* v = member(j, "temperature")) {
     BATON_ASSIGN_OR_RETURN(const double t, as_number(*v, "temperature"));
-    s->set_temperature(static_cast<float>(t));
+    s.temperature = static_cast<float>(t);
   }
   if (const Json* v = member(j, "top_p")) {
     BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "top_p"));
-    s->set_top_p(static_cast<float>(p));
+    s.top_p = static_cast<float>(p);
   }
   if (const Json* v = member(j, "top_k")) {
-    BATON_ASSIGN_OR_RETURN(const int32_t k, as_int32(*v, "top_k"));
-    s->set_top_k(k);
+    BATON_ASSIGN_OR_RETURN(s.top_k, as_int32(*v, "top_k"));
   }
   if (const Json* v = member(j, "seed")) {
-    BATON_ASSIGN_OR_RETURN(const uint64_t seed, as_seed(*v));
-    s->set_seed(seed);
+    BATON_ASSIGN_OR_RETURN(s.seed, as_seed(*v));
   } else {
     std::random_device rd;
-    s->set_seed((static_cast<uint64_t>(rd()) << 32) | rd());
+    s.seed = (static_cast<uint64_t>(rd()) << 32) | rd();
   }
+  BATON_RETURN_IF_ERROR(b.sampling(s, ""));
 
   if (const Json* v = member(j, "stop")) {
+    std::vector<std::string> stop;
     if (v->is_string()) {
-      r.add_stop(v->get<std::string>());
+      stop.push_back(v->get<std::string>());
     } else if (v->is_array()) {
       for (size_t i = 0; i < v->size(); ++i) {
-        BATON_ASSIGN_OR_RETURN(std::string stop, as_string((*v)[i], "stop[" + std::to_string(i) + "]"));
-        r.add_stop(std::move(stop));
+        BATON_ASSIGN_OR_RETURN(std::string one, as_string((*v)[i], "stop[" + std::to_string(i) + "]"));
+        stop.push_back(std::move(one));
       }
     } else {
       return wrong_type("stop", "a string or an array of strings", *v);
     }
+    BATON_RETURN_IF_ERROR(b.stop(stop));
   }
   if (const Json* v = member(j, "stream")) {
     BATON_ASSIGN_OR_RETURN(req.stream, as_bool(*v, "stream"));
@@ -342,12 +336,13 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   }
   if (const Json* v = member(j, "ignore_eos")) {
     BATON_ASSIGN_OR_RETURN(const bool ignore, as_bool(*v, "ignore_eos"));
-    r.set_ignore_eos(ignore);
+    b.ignore_eos(ignore);
   }
   if (const Json* v = member(j, "priority")) {
     BATON_ASSIGN_OR_RETURN(const int32_t priority, as_int32(*v, "priority"));
-    r.set_priority(priority);
+    BATON_RETURN_IF_ERROR(b.priority(priority));
   }
+  BATON_ASSIGN_OR_RETURN(req.request, std::move(b).build());
   return req;
 }
 
@@ -438,10 +433,7 @@ int http_status_of(StatusCode code) {
 }
 
 std::string error_body(int http_status, const Status& status) {
-  // Validation's messages name GenerateRequest fields; OpenAI's names are these.
-  std::string message = status.message();
-  if (message.rfind("sampling.", 0) == 0) message.erase(0, 9);
-  if (message.rfind("prompt_token_ids", 0) == 0) message.replace(0, 16, "prompt");
+  const std::string& message = status.message();
   const std::string param = param_of(message);
   const char* type = http_status >= 400 && http_status < 499 ? "invalid_request_error" : "server_error";
   switch (http_status) {

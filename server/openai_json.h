@@ -1,6 +1,6 @@
 // The OpenAI-compatible HTTP API's JSON ↔ baton's types, in one place: request bodies of
-// POST /v1/completions and /v1/chat/completions become a GenerateRequest (which
-// validate_request validates, as for gRPC), and a request's text, usage and timing become the
+// POST /v1/completions and /v1/chat/completions are read field by field into a RequestBuilder
+// (which validates them, as for gRPC) and become a ValidRequest, and a request's text, usage and timing become the
 // response objects (text_completion, chat.completion, their streamed chunks), the model list and
 // errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 //
@@ -9,7 +9,7 @@
 // features baton does not implement (n > 1, logprobs, echo, tools, penalties, ...) are refused by
 // name instead of being silently ignored. Fields OpenAI does not define are ignored, except
 // baton's own: top_k, ignore_eos, priority. Everything else (ranges, the prompt's size, stop
-// strings, priority bounds) is validate_request's, so each field is validated once.
+// strings, priority bounds) is the builder's, so each field is validated once.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "baton/v1/generate.pb.h"
 #include "common/status.h"
 #include "scheduler/request_pipeline.h"
 #include "server/request_validation.h"
@@ -31,16 +30,18 @@ inline constexpr int kMaxJsonDepth = 32;
 
 // A parsed request body.
 struct OpenAiRequest {
-  v1::GenerateRequest generate;  // what validate_request validates
-  ValidationOptions validation;  // chat without max_tokens: the rest of the context
+  ValidRequest request;
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
 };
 
-// `body` as a request to `endpoint` of `model`. Errors: INVALID_ARGUMENT naming the field (a
-// message starting with it), NOT_FOUND for another model. Without a seed, sampling gets a random
-// one (OpenAI's default: sampled text differs between requests); without temperature it is 1.
-Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model);
+// `body` as a request to `endpoint` of `model`, read into `builder` (which may hold the request id
+// already). Errors: INVALID_ARGUMENT naming the field in OpenAI's name for it (a message starting
+// with it), NOT_FOUND for another model, the builder's errors. OpenAI's defaults: max_tokens 16
+// for completions and the rest of the context for chat; temperature 1; without a seed, a random
+// one (sampled text differs between requests).
+Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model,
+                                           RequestBuilder builder);
 
 // ---- responses ---------------------------------------------------------------------------------
 
@@ -84,8 +85,7 @@ std::string model_body(const ServedModel& model, int64_t created);
 // 503, DEADLINE_EXCEEDED 504.
 int http_status_of(StatusCode code);
 // {"error": {"message", "type", "param", "code"}} for `status` answered with `http_status`.
-// The message names request fields as OpenAI does (temperature, not sampling.temperature);
-// `param` is the field it starts with, or null.
+// `param` is the request field the message starts with, or null.
 std::string error_body(int http_status, const Status& status);
 
 }  // namespace baton

@@ -22,17 +22,15 @@ Status PublicCall::authorize(std::string_view authorization) {
   return fc_.api_keys->check_authorization(authorization, &key_max_priority_);
 }
 
-void PublicCall::start(const v1::GenerateRequest& request, CallDeadline deadline, const ValidationOptions& options) {
+RequestBuilder PublicCall::request_builder() const { return RequestBuilder(*fc_.model, key_max_priority_); }
+
+void PublicCall::start(Result<ValidRequest> valid, CallDeadline deadline) {
   // No request runs longer than --max-request-seconds, whatever it asked (or did not ask) for.
   deadline = std::min(deadline, std::chrono::system_clock::now() + fc_.max_request);
   if (fc_.draining != nullptr && fc_.draining->load()) {
     refuse(unavailable("this frontend is shutting down; retry on another replica"));
     return;
   }
-  ValidationOptions opts = options;
-  opts.key_max_priority = key_max_priority_;
-  // A client that names no request gets a random public id (the workers see other ids).
-  auto valid = validate_request(request, *fc_.model, "req-" + random_request_id().substr(0, 16), opts);
   if (!valid.ok()) {
     refuse(valid.status());
     return;

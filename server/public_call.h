@@ -1,13 +1,14 @@
 // The half of one public request that does not depend on the surface it came in on (gRPC
 // Generate, the OpenAI-compatible HTTP API): admission (the API key, the drain, validation into
 // a ValidRequest), the RequestPipeline, token ids → text with stop strings, and the request-level
-// metrics and logs. A surface derives from PublicCall, turns its wire format into a
-// GenerateRequest, and writes what emit_tokens / emit_end give it; everything a client can be
-// refused for is decided here, once, the same way for every surface.
+// metrics and logs. A surface derives from PublicCall, reads its wire format field by field into
+// the RequestBuilder that request_builder() gives it, and writes what emit_tokens / emit_end give
+// it; everything a client can be refused for is decided by the builder or here, once, the same
+// way for every surface.
 //
-// Order of a call: authorize() (before the request is read), then start() with the request (or
-// refuse() with the surface's own reason: a body that does not parse). Exactly one emit_end
-// follows, after any emit_tokens.
+// Order of a call: authorize() (before the request is read), then start() with what the builder
+// built (or refuse() with the surface's own reason: a body that does not parse). Exactly one
+// emit_end follows, after any emit_tokens.
 //
 // Ownership: the surface holds its call in a shared_ptr; the pipeline holds the call as its sink
 // until it has ended. Threading: emit_tokens and emit_end run on the pipeline's threads with its
@@ -23,7 +24,6 @@
 #include <string>
 #include <string_view>
 
-#include "baton/v1/generate.pb.h"
 #include "common/api_keys.h"
 #include "common/metrics.h"
 #include "scheduler/request_pipeline.h"
@@ -61,9 +61,12 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   // The caller's `authorization` ("Bearer <key>", "" when absent) against --api-key-file: OK
   // (remembering the key's priority bound) or UNAUTHENTICATED. OK when no keys are required.
   Status authorize(std::string_view authorization);
-  // Refuses the request while draining or when a field is wrong; otherwise starts its pipeline.
-  // `deadline`: when the client stops waiting (max: never).
-  void start(const v1::GenerateRequest& request, CallDeadline deadline, const ValidationOptions& options = {});
+  // The builder this call's request is read into: the served model, and the caller's API key's
+  // priority bound (so after authorize()).
+  RequestBuilder request_builder() const;
+  // Refuses the request while draining or when it did not validate; otherwise starts its
+  // pipeline. `deadline`: when the client stops waiting (max: never).
+  void start(Result<ValidRequest> request, CallDeadline deadline);
   // Ends a call that has no pipeline (yet): counted, logged, emit_end(status).
   void refuse(const Status& status);
   // Ends the request with `why` (its pipeline calls emit_end) unless it has ended; nothing

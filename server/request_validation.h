@@ -1,13 +1,18 @@
-// A public Generate request validated against the served model, into the pipeline's own request
-// (protobuf stops here: the scheduler and the pipeline see only PipelineRequest). Built once, then
-// moved into the pipeline. Every bad field gives INVALID_ARGUMENT naming it.
+// A public request, validated field by field against the served model, into the pipeline's own
+// request. Each surface reads its wire format and hands each field to a RequestBuilder as it
+// reads it (gRPC's GenerateRequest in generate_call.cpp, the OpenAI JSON in openai_json.cpp):
+// there is no form in between, and no protobuf here. build() checks what spans fields (one
+// prompt; max_tokens against the prompt's length) and returns the ValidRequest, which is then
+// moved into the pipeline. Every bad field gives INVALID_ARGUMENT naming it (PERMISSION_DENIED
+// for a priority above the caller's bound).
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "baton/v1/generate.pb.h"
 #include "common/status.h"
 #include "model/chat_template.h"
 #include "model/config.h"
@@ -54,19 +59,45 @@ std::string quote_input(const std::string& s);
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;
 
-// What differs between the surfaces a request comes in on.
-struct ValidationOptions {
-  // The caller's API key's priority bound, when it has one (else model.max_priority, the
-  // frontend's --max-priority).
-  std::optional<int32_t> key_max_priority;
-  // max_tokens 0 means the rest of the context (OpenAI's chat default) instead of an error.
-  bool max_tokens_zero_fills_context = false;
+// One request's fields, checked as they arrive. Each call returns the error for its field (the
+// surface stops there); `field` arguments are the surface's own name for the field, so that
+// messages start with what the client sent (prompt_token_ids over gRPC, prompt over HTTP).
+class RequestBuilder {
+ public:
+  // `key_max_priority`: the caller's API key's priority bound, when it has one (else the
+  // frontend's --max-priority, model.max_priority).
+  RequestBuilder(const ServedModel& model, std::optional<int32_t> key_max_priority);
+
+  // The client's id (printable ASCII, at most 128 bytes). Without one, build() makes one up.
+  Status request_id(const std::string& id);
+
+  // The prompt, in one of three forms; a second form is refused. Text and message contents over
+  // model.max_prompt_bytes are refused before they are tokenised, ids past the context before
+  // they are checked one by one.
+  Status prompt_text(const std::string& text);
+  Status prompt_ids(std::span<const int32_t> ids, std::string_view field);
+  Status messages(const std::vector<ChatMessage>& messages);  // roles: system, user, assistant
+
+  // At least 1; checked against the prompt in build(). Never set: the rest of the context.
+  void max_tokens(int64_t n) { max_tokens_ = n; }
+  // `prefix` goes before the range check's field name ("sampling." for gRPC).
+  Status sampling(const SamplingParams& params, std::string_view prefix);
+  Status stop(const std::vector<std::string>& stop);  // at most 16, each 1 to 256 bytes
+  void ignore_eos(bool ignore) { valid_.pipeline.ignore_eos = ignore; }
+  // In [-kPriorityBound, kPriorityBound], and at most the caller's bound.
+  Status priority(int32_t priority);
+
+  Result<ValidRequest> build() &&;
+
+ private:
+  Status set_prompt(Result<std::vector<int32_t>> ids);
+  Status check_prompt_bytes(size_t bytes) const;
+
+  const ServedModel& model_;
+  std::optional<int32_t> key_max_priority_;
+  bool has_prompt_ = false;
+  std::optional<int64_t> max_tokens_;
+  ValidRequest valid_;
 };
-
-// `generated_id` is used when the request carries no id.
-Result<ValidRequest> validate_request(const v1::GenerateRequest& request, const ServedModel& model,
-                                        const std::string& generated_id, const ValidationOptions& options = {});
-
-v1::ModelInfo model_info(const ServedModel& model);
 
 }  // namespace baton

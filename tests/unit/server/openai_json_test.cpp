@@ -1,5 +1,5 @@
-// The OpenAI-compatible API's JSON (server/openai_json.h): request bodies → GenerateRequest
-// (then validate_request, as the HTTP API does), response objects and errors → JSON, parsed
+// The OpenAI-compatible API's JSON (server/openai_json.h): request bodies → the validated
+// request (read into a RequestBuilder, as the HTTP API does), response objects and errors → JSON, parsed
 // back here with nlohmann-json and compared field by field. Values are random, fresh each run
 // (BATON_TEST_SEED replays one). The HTTP server itself runs in tests/integration/test_openai_api.py.
 #include <nlohmann/json.hpp>
@@ -57,8 +57,19 @@ const Served& served() {
   return s;
 }
 
+RequestBuilder builder() { return RequestBuilder(served().model, std::nullopt); }
+
 Result<OpenAiRequest> parse(OpenAiEndpoint e, const Json& body) {
-  return parse_openai_request(e, body.dump(), served().model);
+  return parse_openai_request(e, body.dump(), served().model, builder());
+}
+
+// What a prompt's text becomes (the tokenizer's ids, after BOS when the model adds one).
+std::vector<int32_t> encoded(const std::string& text) {
+  const Tokenizer& t = *served().tokenizer;
+  auto ids = t.encode(text, /*parse_special=*/true);
+  REQUIRE(ids.ok());
+  if (t.add_bos()) ids->insert(ids->begin(), t.bos_id());
+  return *ids;
 }
 
 // The error a client would see for `status`: the JSON object under "error".
@@ -77,7 +88,7 @@ std::string random_text(std::mt19937& rng, size_t max_len) {
 
 }  // namespace
 
-TEST_CASE("a completions body becomes the GenerateRequest it asks for", "[openai]") {
+TEST_CASE("a completions body becomes the request it asks for", "[openai]") {
   std::mt19937 rng(test_seed());
   for (int round = 0; round < 50; ++round) {
     const std::string prompt = random_text(rng, 40);
@@ -99,18 +110,18 @@ TEST_CASE("a completions body becomes the GenerateRequest it asks for", "[openai
     if (round % 4 == 0) body["stream_options"] = {{"include_usage", true}};
     auto r = parse(OpenAiEndpoint::kCompletions, body);
     REQUIRE(r.ok());
-    const v1::GenerateRequest& g = r->generate;
-    CHECK(g.prompt() == prompt);
-    CHECK(g.max_tokens() == max_tokens);
-    CHECK(g.sampling().temperature() == static_cast<float>(temperature));
-    CHECK(g.sampling().top_p() == static_cast<float>(top_p));
-    CHECK(g.sampling().top_k() == top_k);
-    CHECK(g.sampling().seed() == seed);
-    REQUIRE(g.stop_size() == static_cast<int>(stop.size()));
-    for (size_t i = 0; i < stop.size(); ++i) CHECK(g.stop(static_cast<int>(i)) == stop[i]);
+    const PipelineRequest& g = r->request.pipeline;
+    CHECK(g.prompt_ids == encoded(prompt));
+    CHECK(g.max_tokens == max_tokens);
+    CHECK(g.sampling.temperature == static_cast<float>(temperature));
+    CHECK(g.sampling.top_p == static_cast<float>(top_p));
+    CHECK(g.sampling.top_k == top_k);
+    CHECK(g.sampling.seed == seed);
+    CHECK(r->request.stop == stop);
     CHECK(r->stream == (round % 2 == 0));
     CHECK(r->include_usage == (round % 4 == 0));
-    CHECK(g.model().empty());  // checked here; validation serves the one model
+    CHECK(g.model_fingerprint == served().model.fingerprint);
+    CHECK_THAT(g.label, Catch::StartsWith("req-"));  // made up: the body names no request
   }
 }
 
@@ -118,38 +129,32 @@ TEST_CASE("OpenAI's defaults: 16 tokens for completions, the rest of the context
           "[openai]") {
   auto c = parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}});
   REQUIRE(c.ok());
-  CHECK(c->generate.max_tokens() == 16);
-  CHECK(c->generate.sampling().temperature() == 1.0f);
-  CHECK_FALSE(c->generate.sampling().has_top_p());
-  CHECK_FALSE(c->validation.max_tokens_zero_fills_context);
+  CHECK(c->request.pipeline.max_tokens == 16);
+  CHECK(c->request.pipeline.sampling.temperature == 1.0f);
+  CHECK(c->request.pipeline.sampling.top_p == 1.0f);
   CHECK_FALSE(c->stream);
   // 64 random bits each time: two requests without a seed draw different text.
   auto again = parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}});
   REQUIRE(again.ok());
-  CHECK(again->generate.sampling().seed() != c->generate.sampling().seed());
+  CHECK(again->request.pipeline.sampling.seed != c->request.pipeline.sampling.seed);
 
   const Json chat_body = {{"messages", {{{"role", "user"}, {"content", "hello there"}}}}};
   auto chat = parse(OpenAiEndpoint::kChat, chat_body);
   REQUIRE(chat.ok());
-  CHECK(chat->generate.max_tokens() == 0);
-  CHECK(chat->validation.max_tokens_zero_fills_context);
-  auto valid = validate_request(chat->generate, served().model, "id", chat->validation);
-  REQUIRE(valid.ok());
-  const PipelineRequest& pr = valid->pipeline;
+  const PipelineRequest& pr = chat->request.pipeline;
   CHECK(pr.max_tokens + static_cast<int64_t>(pr.prompt_ids.size()) == served().model.config.n_ctx);
   // Sent explicitly, 0 is the client's mistake, not the default.
   Json zero = chat_body;
   zero["max_tokens"] = 0;
-  auto z = parse(OpenAiEndpoint::kChat, zero);
-  REQUIRE(z.ok());
-  CHECK(validate_request(z->generate, served().model, "id", z->validation).status().code() ==
-        StatusCode::kInvalidArgument);
+  const Status z = parse(OpenAiEndpoint::kChat, zero).status();
+  CHECK(z.code() == StatusCode::kInvalidArgument);
+  CHECK(error_of(z)["param"] == "max_tokens");
   // max_completion_tokens is chat's newer name for it.
   Json newer = chat_body;
   newer["max_completion_tokens"] = 7;
   auto n = parse(OpenAiEndpoint::kChat, newer);
   REQUIRE(n.ok());
-  CHECK(n->generate.max_tokens() == 7);
+  CHECK(n->request.pipeline.max_tokens == 7);
   newer["max_tokens"] = 8;
   CHECK(parse(OpenAiEndpoint::kChat, newer).status().code() == StatusCode::kInvalidArgument);
 }
@@ -161,11 +166,11 @@ TEST_CASE("every prompt form OpenAI allows for one prompt, and several are refus
   for (const Json& prompt : {Json(ids), Json::array({Json(ids)})}) {
     auto r = parse(OpenAiEndpoint::kCompletions, {{"prompt", prompt}});
     REQUIRE(r.ok());
-    CHECK(std::vector<int32_t>(r->generate.prompt_token_ids().begin(), r->generate.prompt_token_ids().end()) == ids);
+    CHECK(r->request.pipeline.prompt_ids == ids);
   }
   auto one = parse(OpenAiEndpoint::kCompletions, {{"prompt", {"just one"}}});
   REQUIRE(one.ok());
-  CHECK(one->generate.prompt() == "just one");
+  CHECK(one->request.pipeline.prompt_ids == encoded("just one"));
   for (const Json& several : {Json({"a", "b"}), Json::array({Json(ids), Json(ids)})}) {
     const Status st = parse(OpenAiEndpoint::kCompletions, {{"prompt", several}}).status();
     CHECK(st.code() == StatusCode::kInvalidArgument);
@@ -173,9 +178,7 @@ TEST_CASE("every prompt form OpenAI allows for one prompt, and several are refus
   }
   // An id outside the vocabulary: validation names it, in OpenAI's name for the field.
   ids.push_back(275 + static_cast<int32_t>(rng() % 1000));
-  auto r = parse(OpenAiEndpoint::kCompletions, {{"prompt", ids}});
-  REQUIRE(r.ok());
-  const Status st = validate_request(r->generate, served().model, "id").status();
+  const Status st = parse(OpenAiEndpoint::kCompletions, {{"prompt", ids}}).status();
   REQUIRE(st.code() == StatusCode::kInvalidArgument);
   const Json e = error_of(st);
   CHECK(e["param"] == "prompt");
@@ -195,14 +198,13 @@ TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are
                          {{"role", "assistant"}, {"content", nullptr}}};
   auto r = parse(OpenAiEndpoint::kChat, {{"messages", messages}, {"name", "ignored"}});
   REQUIRE(r.ok());
-  const auto& m = r->generate.messages();
-  REQUIRE(m.size() == 3);
-  CHECK(m[0].role() == "system");
-  CHECK(m[0].content() == sys);
-  CHECK(m[1].role() == "user");
-  CHECK(m[1].content() == a + b);
-  CHECK(m[2].role() == "assistant");
-  CHECK(m[2].content().empty());
+  // The prompt is these messages, rendered by the model's template and tokenised.
+  const std::vector<ChatMessage> expected = {{"system", sys}, {"user", a + b}, {"assistant", ""}};
+  auto text = served().model.chat_template->render(expected, /*add_generation_prompt=*/true);
+  REQUIRE(text.ok());
+  auto ids = served().tokenizer->encode(*text, /*parse_special=*/true);
+  REQUIRE(ids.ok());
+  CHECK(r->request.pipeline.prompt_ids == *ids);
 
   const Json image = {{{"role", "user"},
                        {"content", {{{"type", "text"}, {"text", a}}, {{"type", "image_url"}, {"image_url", "x"}}}}}};
@@ -211,9 +213,7 @@ TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are
   CHECK_THAT(st.message(), Catch::StartsWith("messages[0].content[1].type"));
   CHECK(error_of(st)["param"] == "messages");
   // A role the template does not know: validation refuses it, naming the message.
-  auto tool = parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}});
-  REQUIRE(tool.ok());
-  CHECK_THAT(validate_request(tool->generate, served().model, "id").status().message(),
+  CHECK_THAT(parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).status().message(),
              Catch::StartsWith("messages[0].role"));
   CHECK(parse(OpenAiEndpoint::kChat, {{"messages", Json::array()}}).status().code() == StatusCode::kInvalidArgument);
   CHECK(parse(OpenAiEndpoint::kChat, {{"prompt", "no messages"}}).status().code() == StatusCode::kInvalidArgument);
@@ -315,7 +315,7 @@ TEST_CASE("bodies that are not JSON objects get INVALID_ARGUMENT with a short me
   std::mt19937 rng(test_seed());
   const std::string valid = Json{{"prompt", random_text(rng, 50)}, {"max_tokens", 4}, {"stop", {"a", "b"}}}.dump();
   for (size_t cut = 0; cut < valid.size(); ++cut) {  // every truncation
-    const Status st = parse_openai_request(OpenAiEndpoint::kCompletions, valid.substr(0, cut), served().model).status();
+    const Status st = parse_openai_request(OpenAiEndpoint::kCompletions, valid.substr(0, cut), served().model, builder()).status();
     INFO(valid.substr(0, cut));
     CHECK(st.code() == StatusCode::kInvalidArgument);
   }
@@ -327,7 +327,7 @@ TEST_CASE("bodies that are not JSON objects get INVALID_ARGUMENT with a short me
     } else {
       for (int i = 0; i < 3; ++i) body[rng() % body.size()] = static_cast<char>(rng() % 256);
     }
-    const auto r = parse_openai_request(OpenAiEndpoint::kCompletions, body, served().model);
+    const auto r = parse_openai_request(OpenAiEndpoint::kCompletions, body, served().model, builder());
     if (!r.ok()) {
       CHECK(r.status().code() == StatusCode::kInvalidArgument);
       CHECK(r.status().message().size() < 300);
@@ -336,24 +336,25 @@ TEST_CASE("bodies that are not JSON objects get INVALID_ARGUMENT with a short me
   }
   // nlohmann quotes what it read last: an unterminated string of megabytes must not come back.
   const Status unterminated =
-      parse_openai_request(OpenAiEndpoint::kCompletions, "{\"prompt\": \"" + std::string(1 << 20, 'x'), served().model)
+      parse_openai_request(OpenAiEndpoint::kCompletions, "{\"prompt\": \"" + std::string(1 << 20, 'x'), served().model,
+                           builder())
           .status();
   CHECK(unterminated.code() == StatusCode::kInvalidArgument);
   CHECK(unterminated.message().size() < 300);
   CHECK_THAT(unterminated.message(), Catch::StartsWith("the body is not valid JSON"));
-  const Status not_utf8 = parse_openai_request(OpenAiEndpoint::kCompletions, "{\"prompt\": \"\xff\xfe\"}", served().model).status();
+  const Status not_utf8 = parse_openai_request(OpenAiEndpoint::kCompletions, "{\"prompt\": \"\xff\xfe\"}", served().model, builder()).status();
   CHECK(not_utf8.code() == StatusCode::kInvalidArgument);
   // Deeper than kMaxJsonDepth: refused whatever the field.
   const std::string deep = "{\"prompt\": \"x\", \"user\": " + std::string(kMaxJsonDepth + 5, '[') +
                            std::string(kMaxJsonDepth + 5, ']') + "}";
-  CHECK_THAT(parse_openai_request(OpenAiEndpoint::kCompletions, deep, served().model).status().message(),
+  CHECK_THAT(parse_openai_request(OpenAiEndpoint::kCompletions, deep, served().model, builder()).status().message(),
              Catch::Contains("nests deeper"));
   const std::string shallow = "{\"prompt\": \"x\", \"user\": " + std::string(kMaxJsonDepth - 2, '[') +
                               std::string(kMaxJsonDepth - 2, ']') + "}";
-  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, shallow, served().model).ok());
-  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, "[1, 2]", served().model).status().message() ==
+  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, shallow, served().model, builder()).ok());
+  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, "[1, 2]", served().model, builder()).status().message() ==
         "the body must be a JSON object, got an array");
-  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, "", served().model).status().code() ==
+  CHECK(parse_openai_request(OpenAiEndpoint::kCompletions, "", served().model, builder()).status().code() ==
         StatusCode::kInvalidArgument);
 }
 
@@ -377,9 +378,7 @@ TEST_CASE("validation's range checks reach the client under OpenAI's field names
   };
   for (const Case& c : cases) {
     INFO(c.body.dump());
-    auto r = parse(OpenAiEndpoint::kCompletions, c.body);
-    REQUIRE(r.ok());
-    const Status st = validate_request(r->generate, served().model, "id", r->validation).status();
+    const Status st = parse(OpenAiEndpoint::kCompletions, c.body).status();
     REQUIRE_FALSE(st.ok());
     CHECK(http_status_of(st.code()) == c.http_status);
     const Json e = error_of(st);
