@@ -407,7 +407,6 @@ void DecodeEngine::finish_locked(const SeqPtr& seq, const Status& status, const 
 }
 
 void DecodeEngine::free_blocks_locked(Sequence& s) {
-  s.covered = {};
   if (s.n_importing > 0) {
     s.free_when_idle = true;  // a kv_chunk is writing into these blocks right now
     return;

@@ -35,10 +35,7 @@ struct DecodeEngine::Sequence {
 
   // ---- KV transfer (kWaitingKv) ----
   bool kv_begun = false;
-  uint64_t kv_epoch = 0;  // bumped by begin/abort: an import from an aborted transfer counts for nothing
   int32_t first_token = 0;
-  std::vector<uint8_t> covered;  // [n_layers][n_prompt_tokens]: position received
-  int64_t n_covered = 0;
   int n_importing = 0;          // kv_import calls in flight (outside the lock) into `table`
   bool free_when_idle = false;  // finished while importing: the last import frees the blocks
   DecodeClock::time_point kv_begin_at, kv_end_at;

@@ -2,15 +2,15 @@
 // DecodeKvDevice.TransferKvDevice call per transfer (worker.proto), both ends.
 //
 //   sender                                              receiver (KvDeviceService)
-//   open{header, transport, node_id | nccl_session} ──▶ KvStreamCheck::begin, open the payload
-//                                                      side (KvDeviceInbound), kv_begin
+//   open{header, transport, node_id | nccl_session} ──▶ KvIncoming::begin (checks, kv_begin),
+//                                                      open the payload side (KvDeviceInbound)
 //                                                 ◀── ack{-1}
 //   per chunk i: stage K|V in device memory (nccl:
 //   post its ncclSend), then chunk{desc} ──────────▶ check_chunk (before a byte moves),
-//                                                      fetch the bytes to the host, check_bytes
-//                                                      (checksum), kv_chunk
+//                                                      fetch the bytes to the host, chunk
+//                                                      (checksum, kv_chunk)
 //                                                 ◀── ack{i}: chunk i's staging memory is free
-//   end{first_token}, WritesDone ─────────────────▶ check_complete, kv_end, OK
+//   end{first_token}, WritesDone ─────────────────▶ end (every layer covered, kv_end), OK
 //
 // Flow control: the sender keeps at most `window` chunks unacknowledged, so it needs `window`
 // staging slots per transfer and reuses slot i % window only after ack{i - window}. Any refusal
@@ -30,7 +30,7 @@
 
 #include "baton/v1/worker.grpc.pb.h"
 #include "kv/kv_channel_cache.h"
-#include "kv/kv_stream_check.h"
+#include "kv/kv_incoming.h"
 #include "kv/kv_transfer.h"
 
 namespace baton {
@@ -82,7 +82,7 @@ class KvDeviceCall {
 class KvDeviceInbound {
  public:
   virtual ~KvDeviceInbound() = default;
-  // Moves the bytes of chunk `desc` (which KvStreamCheck::check_chunk accepted) into chunk->k
+  // Moves the bytes of chunk `desc` (which KvIncoming::check_chunk accepted) into chunk->k
   // and chunk->v (host memory).
   virtual Status fetch(const baton::v1::KvDeviceChunk& desc, KvChunk* chunk) = 0;
   // Called once, last. `intact`: both ends agree on the device state (the transfer succeeded,

@@ -5,7 +5,7 @@
 #include "common/grpc_status.h"
 #include "common/tls.h"
 #include "kv/kv_cuda_status.h"
-#include "kv/kv_stream_check.h"
+#include "kv/kv_incoming.h"
 #include "kv/tcp/tcp_transport.h"
 
 namespace baton {
@@ -31,14 +31,13 @@ KvDeviceService::KvDeviceService(KvReceiver& receiver, const KvDeviceServiceConf
 grpc::Status KvDeviceService::TransferKvDevice(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream) {
-  KvStreamCheck check;
+  KvIncoming incoming(receiver_, probe_);
   std::unique_ptr<KvDeviceInbound> inbound;
-  KvReceiver* receiver = nullptr;  // set when kv_begin succeeded: the engine, or the probe sink
   bool acked_open = false;
-  const Status s = transfer(context, stream, check, inbound, receiver, acked_open);
+  const Status s = transfer(context, stream, incoming, inbound, acked_open);
   if (!s.ok()) {
-    spdlog::warn("req={} KV transfer refused: {}", check.begun() ? check.header().request_id : "?", s.to_string());
-    if (receiver != nullptr) receiver->kv_abort(check.header().request_id);
+    spdlog::warn("req={} KV transfer refused: {}", incoming.request_id(), s.to_string());
+    incoming.abort();
   }
   // Before the open's ack the sender posts nothing, so a refusal up to there leaves the device
   // state both ends share intact.
@@ -48,8 +47,7 @@ grpc::Status KvDeviceService::TransferKvDevice(
 
 Status KvDeviceService::transfer(grpc::ServerContext* context,
                                  grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream,
-                                 KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound,
-                                 KvReceiver*& begun, bool& acked_open) {
+                                 KvIncoming& incoming, std::unique_ptr<KvDeviceInbound>& inbound, bool& acked_open) {
   auto broken = [&] { return cancelled("the KV transfer was cancelled or its stream broke"); };
   baton::v1::KvDeviceMessage message;
   if (!stream->Read(&message)) {
@@ -61,11 +59,7 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   KvTransferHeader header = kv_header_from_proto(open.header());
   header.sender = peer_host(context->peer());
   header.sender_certificate = peer_certificate(*context);
-  BATON_RETURN_IF_ERROR(check.begin(std::move(header)));
-  const std::string& id = check.header().request_id;
-  // The header decides, once, who takes this transfer: a probe never reaches the engine.
-  if (check.header().probe && probe_ == nullptr) return failed_precondition("this decode worker takes no KV probes");
-  KvReceiver& receiver = check.header().probe ? *probe_ : receiver_;
+  BATON_RETURN_IF_ERROR(incoming.begin(header));
 
   BATON_RETURN_IF_ERROR(use_device(config_.device));
   if (open.transport() == "cuda_ipc") {
@@ -76,8 +70,6 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
   } else {
     return invalid_argument("unknown device KV transport '" + open.transport() + "' (expected cuda_ipc or nccl)");
   }
-  BATON_RETURN_IF_ERROR(receiver.kv_begin(check.header()));
-  begun = &receiver;
 
   baton::v1::KvDeviceAck ack;
   ack.set_chunk(-1);
@@ -97,25 +89,22 @@ Status KvDeviceService::transfer(grpc::ServerContext* context,
     }
     const baton::v1::KvDeviceChunk& desc = message.chunk();
     // Before a single byte moves (nccl: before the ncclRecv is posted).
-    BATON_RETURN_IF_ERROR(check.check_chunk(kv_chunk_desc(desc)));
+    BATON_RETURN_IF_ERROR(incoming.check_chunk(kv_chunk_desc(desc)));
     KvChunk chunk;
     chunk.layer = desc.layer();
     chunk.token_start = desc.token_start();
     chunk.token_count = desc.token_count();
     chunk.checksum = desc.checksum();
     BATON_RETURN_IF_ERROR(inbound->fetch(desc, &chunk));
-    BATON_RETURN_IF_ERROR(check.check_bytes(chunk));
-    BATON_RETURN_IF_ERROR(receiver.kv_chunk(id, chunk));
-    check.accept(chunk);
+    BATON_RETURN_IF_ERROR(incoming.chunk(chunk));
     ack.set_chunk(n);
     if (!stream->Write(ack)) return broken();
   }
   // A failed read is the sender's WritesDone, or a cancelled or broken call: only a stream whose
   // every layer is covered reaches kv_end.
   if (context->IsCancelled()) return broken();
-  BATON_RETURN_IF_ERROR(check.check_complete());
   if (!first_token) return invalid_argument("the KV stream ended without its end (the first token)");
-  return receiver.kv_end(id, *first_token);
+  return incoming.end(*first_token);
 }
 
 grpc::Status KvDeviceService::BootstrapNccl(grpc::ServerContext* context,

@@ -4,7 +4,7 @@
 // through the transport the open names (CudaIpcReceiver, NcclReceiver) and lands in host memory,
 // where the KvReceiver (the decode engine) takes it chunk by chunk, as it does from tcp.
 //
-// The checks are the tcp receiver's (KvStreamCheck) with the same codes; on top of them a
+// The checks are the tcp receiver's (one KvIncoming per transfer) with the same codes; a
 // descriptor is checked before its payload moves, so a size the header does not allow never
 // reaches an ncclRecv. kv_abort is called exactly once for a transfer whose kv_begin succeeded
 // and that does not end in kv_end (refusal, cancellation, broken call, device failure).
@@ -23,6 +23,7 @@
 
 #include "baton/v1/worker.grpc.pb.h"
 #include "kv/cuda_ipc/cuda_ipc_transport.h"
+#include "kv/kv_incoming.h"
 #include "kv/kv_transfer.h"
 #include "kv/nccl/nccl_transport.h"
 
@@ -49,12 +50,11 @@ class KvDeviceService final : public baton::v1::DecodeKvDevice::Service {
                              baton::v1::NcclBootstrapResponse* response) override;
 
  private:
-  // The transfer itself; `begun` is set to the receiver whose kv_begin succeeded, `acked_open`
-  // whether the open was acknowledged (the sender may have posted payload from then on).
+  // The transfer itself; `acked_open`: whether the open was acknowledged (the sender may have
+  // posted payload from then on).
   Status transfer(grpc::ServerContext* context,
                   grpc::ServerReaderWriter<baton::v1::KvDeviceAck, baton::v1::KvDeviceMessage>* stream,
-                  KvStreamCheck& check, std::unique_ptr<KvDeviceInbound>& inbound, KvReceiver*& begun,
-                  bool& acked_open);
+                  KvIncoming& incoming, std::unique_ptr<KvDeviceInbound>& inbound, bool& acked_open);
 
   KvReceiver& receiver_;
   KvReceiver* probe_;  // null: probes refused

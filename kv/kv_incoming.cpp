@@ -1,4 +1,4 @@
-#include "kv/kv_stream_check.h"
+#include "kv/kv_incoming.h"
 
 namespace baton {
 namespace {
@@ -16,7 +16,16 @@ std::string kv_chunk_name(const KvChunkDesc& d) {
          std::to_string(d.token_count) + ")";
 }
 
-Status KvStreamCheck::begin(const KvTransferHeader& h) {
+KvIncoming::KvIncoming(KvReceiver& engine, KvReceiver* probe) : engine_(engine), probe_(probe) {}
+
+KvIncoming::~KvIncoming() { abort(); }
+
+const std::string& KvIncoming::request_id() const {
+  static const std::string unknown = "?";
+  return begun_ ? header_.request_id : unknown;
+}
+
+Status KvIncoming::begin(const KvTransferHeader& h) {
   if (begun_) return invalid_argument("a second KV header in one transfer");
   if (h.request_id.empty()) return invalid_argument("the KV header has no request_id");
   if (dtype_bytes(h.dtype) == 0)
@@ -37,10 +46,15 @@ Status KvStreamCheck::begin(const KvTransferHeader& h) {
   header_ = h;
   begun_ = true;
   next_token_.assign(h.n_layers, 0);
+  // The header decides, once, who takes this transfer: a probe never reaches the engine.
+  if (h.probe && probe_ == nullptr) return failed_precondition("this decode worker takes no KV probes");
+  KvReceiver& receiver = h.probe ? *probe_ : engine_;
+  BATON_RETURN_IF_ERROR(receiver.kv_begin(header_));
+  receiver_ = &receiver;
   return {};
 }
 
-Status KvStreamCheck::check_chunk(const KvChunkDesc& d) const {
+Status KvIncoming::check_chunk(const KvChunkDesc& d) const {
   if (!begun_) return invalid_argument("the first KV message must be the header");
   const std::string where = kv_chunk_name(d);
   if (d.layer < 0 || d.layer >= header_.n_layers) {
@@ -62,20 +76,25 @@ Status KvStreamCheck::check_chunk(const KvChunkDesc& d) const {
   return {};
 }
 
-Status KvStreamCheck::check_bytes(const KvChunk& c) const {
+Status KvIncoming::chunk(const KvChunk& c) {
   const KvChunkDesc d{c.layer, c.token_start, c.token_count, static_cast<int64_t>(c.k.size()),
                       static_cast<int64_t>(c.v.size())};
   BATON_RETURN_IF_ERROR(check_chunk(d));
+  if (receiver_ == nullptr || settled_) return failed_precondition("no KV transfer in progress");
   if (kv_checksum(c.k, c.v) != c.checksum) return data_loss(kv_chunk_name(d) + ": checksum mismatch");
+  BATON_RETURN_IF_ERROR(receiver_->kv_chunk(header_.request_id, c));
+  next_token_[c.layer] += c.token_count;
+  bytes_ += static_cast<int64_t>(c.k.size() + c.v.size());
   return {};
 }
 
-void KvStreamCheck::accept(const KvChunk& c) {
-  next_token_[c.layer] += c.token_count;
-  bytes_ += static_cast<int64_t>(c.k.size() + c.v.size());
+void KvIncoming::abort() {
+  if (receiver_ == nullptr || settled_) return;
+  settled_ = true;
+  receiver_->kv_abort(header_.request_id);
 }
 
-Status KvStreamCheck::check_complete() const {
+Status KvIncoming::end(int32_t first_token) {
   if (!begun_) return invalid_argument("the KV stream ended before its header");
   for (int32_t layer = 0; layer < header_.n_layers; ++layer) {
     if (next_token_[layer] != header_.n_tokens) {
@@ -84,6 +103,9 @@ Status KvStreamCheck::check_complete() const {
                               " tokens");
     }
   }
+  if (receiver_ == nullptr || settled_) return failed_precondition("no KV transfer in progress");
+  BATON_RETURN_IF_ERROR(receiver_->kv_end(header_.request_id, first_token));
+  settled_ = true;
   return {};
 }
 

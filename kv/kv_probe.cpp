@@ -175,7 +175,7 @@ Status KvProbeSink::kv_begin(const KvTransferHeader& h) {
 }
 
 Status KvProbeSink::kv_chunk(const std::string&, const KvChunk& c) {
-  // KvStreamCheck has checked the chunk's place, size and checksum: nothing is kept.
+  // KvIncoming has checked the chunk's place, size and checksum: nothing is kept.
   if (bytes_) bytes_->Increment(static_cast<double>(c.k.size() + c.v.size()));
   return {};
 }

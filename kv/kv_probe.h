@@ -8,7 +8,7 @@
 //             a large one (bandwidth) per round.
 //   receiver  KvProbeSink: the KvReceiver that a transfer flagged `probe` goes to instead of the
 //             decode engine (the receive reactors choose by the header, once). The reactor has
-//             already run the transfer through KvStreamCheck (shape, sizes, order, checksums), as
+//             already run the transfer through KvIncoming (shape, sizes, order, checksums), as
 //             for any KV; the sink checks the header against its model as the engine does
 //             (fingerprint, dtype, shape), bounds the size and the probes in flight, counts, and
 //             drops the bytes: no Admit, no KV blocks, no request metrics.

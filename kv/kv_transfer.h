@@ -49,13 +49,15 @@ int64_t kv_chunk_bytes(const KvTransferHeader& h, int32_t n_tokens);
 // Largest chunk a receiver accepts before allocating (bounds a lying sender).
 constexpr int64_t kMaxKvChunkBytes = int64_t{256} << 20;
 
-// The receiving side (the decode worker implements it). Contract: begin() once, then chunk()
-// for every layer covering tokens [0, n_tokens) (layers interleaved in any order, each layer's
-// token ranges in order), then end() with the first token. Each call returns a non-ok Status to
-// refuse the transfer (model or shape mismatch, not admitted, bad checksum, oversized, a first
-// token outside the vocabulary); after a refusal, or when the stream breaks or the sender
-// abandons it, abort() is called and the receiver forgets the partial KV (its reservation stays
-// until released or cancelled).
+// The receiving side (the decode engine, the probe sink implement it), only ever driven through a
+// KvIncoming (kv/kv_incoming.h), which has checked the stream first. Contract: begin() once, then
+// chunk() for every layer covering tokens [0, n_tokens) (layers interleaved in any order, each
+// layer's token ranges in order; each chunk of the header's size, its checksum verified), then
+// end() with the first token once every layer is complete. Each call returns a non-ok Status to
+// refuse the transfer (the header does not match the model or the admission, a first token
+// outside the vocabulary); after a refusal, or when the stream breaks or the sender abandons it,
+// abort() is called and the receiver forgets the partial KV (its reservation stays until
+// released or cancelled).
 class KvReceiver {
  public:
   virtual ~KvReceiver() = default;

@@ -25,7 +25,7 @@
 // the call naming its session and waits for the open's ack before posting anything. Per chunk it
 // copies K|V into staging slot i % window (copy stream, after that slot's previous ncclSend),
 // posts one ncclSend of k_bytes + v_bytes (send stream, after the copy), then writes the
-// descriptor. The receiver checks the descriptor (KvStreamCheck) BEFORE it posts the matching
+// descriptor. The receiver checks the descriptor (KvIncoming::check_chunk) BEFORE it posts the matching
 // ncclRecv (never a receive the sender will not match), waits for it against the call's
 // deadline and cancellation, copies the bytes to the host, checks the checksum, hands the chunk
 // to the KvReceiver and acks. The sender reuses a slot after the ack of its previous chunk.

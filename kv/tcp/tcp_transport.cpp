@@ -8,7 +8,7 @@
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/tls.h"
-#include "kv/kv_stream_check.h"
+#include "kv/kv_incoming.h"
 
 namespace baton {
 
@@ -127,7 +127,7 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
  public:
   KvReceiveReactor(grpc::CallbackServerContext* context, baton::v1::KvAck* response, KvReceiver& receiver,
                    KvReceiver* probe_receiver)
-      : context_(context), response_(response), engine_(receiver), probe_(probe_receiver) {
+      : context_(context), response_(response), incoming_(receiver, probe_receiver) {
     StartRead(&message_);
   }
 
@@ -140,11 +140,14 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
     if (first_token_) {
       s = invalid_argument("a KvMessage after the transfer's end");
     } else if (message_.has_header()) {
-      s = on_header();
+      KvTransferHeader header = kv_header_from_proto(message_.header());
+      header.sender = peer_host(context_->peer());
+      header.sender_certificate = peer_certificate(*context_);
+      s = incoming_.begin(header);
     } else if (message_.has_chunk()) {
-      s = on_chunk();
+      s = incoming_.chunk(kv_chunk_from_proto(std::move(*message_.mutable_chunk())));
     } else if (message_.has_end()) {
-      s = check_.begun() ? Status{} : invalid_argument("the first KV message must be the header");
+      s = incoming_.begun() ? Status{} : invalid_argument("the first KV message must be the header");
       first_token_ = message_.end().first_token();
     } else {
       s = invalid_argument("a KvMessage carries neither a header, a chunk nor an end");
@@ -156,37 +159,10 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
     StartRead(&message_);
   }
 
-  void OnDone() override {
-    // Every path that finishes the call settles the receiver first; this covers anything else.
-    if (begun_ && !settled_) receiver_->kv_abort(check_.header().request_id);
-    delete this;
-  }
+  // incoming_ aborts the transfer here unless it was settled.
+  void OnDone() override { delete this; }
 
  private:
-  Status on_header() {
-    KvTransferHeader header = kv_header_from_proto(message_.header());
-    header.sender = peer_host(context_->peer());
-    header.sender_certificate = peer_certificate(*context_);
-    BATON_RETURN_IF_ERROR(check_.begin(std::move(header)));
-    // The header decides, once, who takes this transfer: a probe never reaches the engine.
-    if (check_.header().probe && probe_ == nullptr) {
-      return failed_precondition("this decode worker takes no KV probes");
-    }
-    receiver_ = check_.header().probe ? probe_ : &engine_;
-    BATON_RETURN_IF_ERROR(receiver_->kv_begin(check_.header()));
-    begun_ = true;
-    return {};
-  }
-
-  Status on_chunk() {
-    if (!check_.begun()) return invalid_argument("the first KV message must be the header");
-    KvChunk chunk = kv_chunk_from_proto(std::move(*message_.mutable_chunk()));
-    BATON_RETURN_IF_ERROR(check_.check_bytes(chunk));
-    BATON_RETURN_IF_ERROR(receiver_->kv_chunk(check_.header().request_id, chunk));
-    check_.accept(chunk);
-    return {};
-  }
-
   // A failed read is the sender's WritesDone, a cancelled call, or a broken one; gRPC does not
   // always flag the last (a message over the server's size limit fails the read without
   // IsCancelled), so only a stream whose every layer is covered reaches kv_end.
@@ -195,40 +171,28 @@ class KvReceiveReactor final : public grpc::ServerReadReactor<baton::v1::KvMessa
       refuse(cancelled("the KV transfer was cancelled or its stream broke"));
       return;
     }
-    if (Status s = check_.check_complete(); !s.ok()) {
-      refuse(s);
-      return;
-    }
     if (!first_token_) {
       refuse(invalid_argument("the KV stream ended without its end (the first token)"));
       return;
     }
-    const Status s = receiver_->kv_end(check_.header().request_id, *first_token_);
-    if (!s.ok()) {
+    if (const Status s = incoming_.end(*first_token_); !s.ok()) {
       refuse(s);
       return;
     }
-    settled_ = true;
-    response_->set_bytes(check_.bytes());
+    response_->set_bytes(incoming_.bytes());
     Finish(grpc::Status::OK);
   }
 
   void refuse(const Status& s) {
-    spdlog::warn("req={} KV transfer refused: {}", check_.begun() ? check_.header().request_id : "?", s.to_string());
-    if (begun_ && !settled_) receiver_->kv_abort(check_.header().request_id);
-    settled_ = true;
+    spdlog::warn("req={} KV transfer refused: {}", incoming_.request_id(), s.to_string());
+    incoming_.abort();
     Finish(to_grpc(s));
   }
 
   grpc::CallbackServerContext* context_;
   baton::v1::KvAck* response_;
-  KvReceiver& engine_;             // real KV
-  KvReceiver* probe_;             // probes (null: refused)
-  KvReceiver* receiver_ = nullptr;  // the one the header chose (set before begun_)
   baton::v1::KvMessage message_;  // the read in flight
-  KvStreamCheck check_;           // the header, and what the chunks so far covered
-  bool begun_ = false;            // kv_begin accepted the header
-  bool settled_ = false;          // kv_end or kv_abort called (the receiver is done with this transfer)
+  KvIncoming incoming_;           // the checks, and the receiver the header chose
   std::optional<int32_t> first_token_;  // the end arrived
 };
 

@@ -60,8 +60,8 @@ KvChunk kv_chunk_from_proto(baton::v1::KvLayerChunk&& proto);
 //     return make_kv_receive_reactor(ctx, ack, receiver_);
 //   }
 //
-// The reactor checks the stream with a KvStreamCheck (kv/kv_stream_check.h: the same checks and
-// codes as every other transport's receiver) and drives `receiver` (which must outlive the call):
+// The reactor drives one KvIncoming (kv/kv_incoming.h: the same checks and codes as every other
+// transport's receiver), which calls `receiver` (which must outlive the call):
 // - the first message must be a header with a sane shape (INVALID_ARGUMENT otherwise) →
 //   kv_begin;
 // - every chunk: checksum (DATA_LOSS on mismatch), layer within the header, K and V of exactly

@@ -321,10 +321,11 @@ TEST_CASE("admission and KV refusals", "[decode]") {
   SECTION("kv_begin") {
     CHECK(code(fx.engine->kv_begin(good.header)) == StatusCode::kFailedPrecondition);  // not admitted
     REQUIRE(fx.engine->admit(admit_for(fx, "x", n_prompt, 10, {})).ok());
-    auto refused = [&](auto mutate) {
+    auto refused = [&](auto mutate) {  // as a transport hands it over
       KvTransferHeader h = good.header;
       mutate(h);
-      return code(fx.engine->kv_begin(h));
+      KvIncoming incoming(*fx.engine, nullptr);
+      return code(incoming.begin(h));
     };
     CHECK(refused([](KvTransferHeader& h) { h.model_fingerprint = "other"; }) == StatusCode::kFailedPrecondition);
     CHECK(refused([](KvTransferHeader& h) { h.dtype = "bf16"; }) == StatusCode::kFailedPrecondition);
@@ -346,12 +347,13 @@ TEST_CASE("admission and KV refusals", "[decode]") {
   SECTION("kv_chunk and kv_end") {
     REQUIRE(fx.engine->admit(admit_for(fx, "x", n_prompt, 10, {})).ok());
     CHECK(code(fx.engine->kv_chunk("x", good.chunks[0])) == StatusCode::kFailedPrecondition);  // before begin
-    REQUIRE(fx.engine->kv_begin(good.header).ok());
+    KvIncoming incoming(*fx.engine, nullptr);  // as a transport drives the engine
+    REQUIRE(incoming.begin(good.header).ok());
     CHECK(code(fx.engine->kv_begin(good.header)) == StatusCode::kFailedPrecondition);  // twice
     auto refused = [&](auto mutate) {
-      KvChunk c = good.chunks[1];
+      KvChunk c = good.chunks[0];
       mutate(c);
-      return code(fx.engine->kv_chunk("x", c));
+      return code(incoming.chunk(c));
     };
     CHECK(refused([](KvChunk& c) { c.checksum ^= 1; }) == StatusCode::kDataLoss);
     CHECK(refused([](KvChunk& c) { c.k[5] ^= 0x40; }) == StatusCode::kDataLoss);
@@ -369,15 +371,15 @@ TEST_CASE("admission and KV refusals", "[decode]") {
           }) == StatusCode::kInvalidArgument);
     CHECK(code(fx.engine->kv_chunk("y", good.chunks[0])) == StatusCode::kFailedPrecondition);
     // All but the last chunk: the end is refused and names the short layer.
-    for (size_t i = 0; i + 1 < good.chunks.size(); ++i) REQUIRE(fx.engine->kv_chunk("x", good.chunks[i]).ok());
-    const Status short_end = fx.engine->kv_end("x", good.first_token);
+    for (size_t i = 0; i + 1 < good.chunks.size(); ++i) REQUIRE(incoming.chunk(good.chunks[i]).ok());
+    const Status short_end = incoming.end(good.first_token);
     CHECK(code(short_end) == StatusCode::kInvalidArgument);
     CHECK_THAT(short_end.message(), Catch::Contains("layer " + std::to_string(good.chunks.back().layer)));
-    REQUIRE(fx.engine->kv_chunk("x", good.chunks.back()).ok());
+    REQUIRE(incoming.chunk(good.chunks.back()).ok());
     // A first token outside the vocabulary is refused; the transfer can still end properly.
-    CHECK(code(fx.engine->kv_end("x", fx.vocab())) == StatusCode::kInvalidArgument);
-    CHECK(code(fx.engine->kv_end("x", -1)) == StatusCode::kInvalidArgument);
-    REQUIRE(fx.engine->kv_end("x", good.first_token).ok());
+    CHECK(code(incoming.end(fx.vocab())) == StatusCode::kInvalidArgument);
+    CHECK(code(incoming.end(-1)) == StatusCode::kInvalidArgument);
+    REQUIRE(incoming.end(good.first_token).ok());
     Collector out;
     REQUIRE(fx.engine->attach("x", out.sink()).ok());
     REQUIRE(out.wait_done());

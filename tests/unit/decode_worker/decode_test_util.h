@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "decode_worker/decode_engine.h"
 #include "kv/block_pool.h"
+#include "kv/kv_incoming.h"
 #include "model/batch.h"
 #include "model/generator.h"
 #include "model/test_model.h"
@@ -121,17 +122,13 @@ inline Transfer prefill(Model& model, const std::string& id, const std::vector<i
   return t;
 }
 
-// Drives a receiver as a transport would: the first refusal aborts the transfer.
+// Drives a receiver as a transport does, through a KvIncoming: the first refusal aborts the
+// transfer.
 inline Status send(KvReceiver& r, const Transfer& t) {
-  Status st = r.kv_begin(t.header);
-  if (!st.ok()) return st;
-  for (const KvChunk& c : t.chunks) {
-    st = r.kv_chunk(t.header.request_id, c);
-    if (!st.ok()) break;
-  }
-  if (st.ok()) st = r.kv_end(t.header.request_id, t.first_token);
-  if (!st.ok()) r.kv_abort(t.header.request_id);
-  return st;
+  KvIncoming incoming(r, nullptr);
+  BATON_RETURN_IF_ERROR(incoming.begin(t.header));
+  for (const KvChunk& c : t.chunks) BATON_RETURN_IF_ERROR(incoming.chunk(c));
+  return incoming.end(t.first_token);
 }
 
 // A Stream subscriber: collects events, lets the test wait for the final one.

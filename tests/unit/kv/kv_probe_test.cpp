@@ -1,5 +1,5 @@
 // KV probes (kv/kv_probe.h): the synthetic transfer's shape and chunks (random model shapes, fresh
-// each run, checked by the receivers' own KvStreamCheck), the decode side's sink (the engine's
+// each run, checked by the receivers' own KvIncoming), the decode side's sink (the engine's
 // refusals, the bounds), and probes over the tcp transport on loopback: they reach the sink and
 // never the engine's receiver, which still gets real KV.
 #include "kv/kv_probe.h"
@@ -10,7 +10,7 @@
 #include <random>
 
 #include "baton/v1/worker.grpc.pb.h"
-#include "kv/kv_stream_check.h"
+#include "kv/kv_incoming.h"
 #include "kv/tcp/tcp_transport.h"
 #include "tests/unit/grpc_loopback.h"
 #include "tests/unit/kv/kv_transport_conformance.h"
@@ -26,19 +26,19 @@ KvProbeShape random_shape(std::mt19937_64& rng) {
                       1 + static_cast<int32_t>(rng() % 8), 8 * (1 + static_cast<int32_t>(rng() % 16))};
 }
 
-// Drains a source through KvStreamCheck, as a receiver does; returns the K+V bytes.
+// Drains a source through KvIncoming, as a transport does; returns the K+V bytes.
 int64_t drain_checked(const KvTransferHeader& h, KvSource& source, int64_t chunk_bytes) {
-  KvStreamCheck check;
-  REQUIRE(check.begin(h).ok());
+  RecordingReceiver receiver;
+  KvIncoming incoming(receiver, &receiver);
+  REQUIRE(incoming.begin(h).ok());
   KvChunk c;
   while (source.next(&c)) {
     CHECK(static_cast<int64_t>(c.k.size() + c.v.size()) <= std::max(chunk_bytes, 2 * kv_chunk_bytes(h, 1)));
-    const Status s = check.check_bytes(c);
+    const Status s = incoming.chunk(c);
     REQUIRE(s.ok());
-    check.accept(c);
   }
-  CHECK(check.check_complete().ok());
-  return check.bytes();
+  CHECK(incoming.end(0).ok());
+  return incoming.bytes();
 }
 
 // A decode worker reduced to its KV receiving side, with or without a probe sink.
