@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "common/cli_main.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -16,9 +17,8 @@ namespace baton {
 // the process exit code.
 void add_engine_commands(CLI::App& app, std::function<int()>* run);
 
-// Exit codes: 0 ok, 1 runtime failure (unreadable model, unsupported file), 2 bad input.
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+// Exit codes (common/cli_main.h): 0 ok, 1 runtime failure (unreadable model, unsupported file),
+// 2 bad input.
 
 // --weights: auto | native | dense. Whether a model that `decodes` (generate, a decode worker;
 // not a prefill worker) on `backend` keeps its GEMM weights quantised: native → yes where the

@@ -1,12 +1,12 @@
 // `baton`: one binary, subcommands per role (see DESIGN.md). Errors are one line on stderr,
 // prefixed "baton: ", with exit code 1 (runtime) or 2 (usage / bad input); nothing throws out.
-#include <cstdio>
-#include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 
-#include "common/version.h"
 #include "app/engine_commands.h"
+#include "common/cli_main.h"
+#include "common/version.h"
 #if BATON_WITH_SERVING
 #include "app/serve_commands.h"
 #endif
@@ -20,22 +20,6 @@ int main(int argc, char** argv) {
 #if BATON_WITH_SERVING
   baton::add_serve_commands(app, &run, argc, argv);
 #endif
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "baton: error: %s (see --help)\n", e.what());
-    return baton::kExitUsage;
-  }
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton: error: %s\n", e.what());
-    return baton::kExitFailure;
-  }
+  if (const std::optional<int> exit_code = baton::parse_command_line(app, argc, argv)) return *exit_code;
+  return baton::run_command(app, run);
 }

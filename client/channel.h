@@ -8,14 +8,16 @@
 #include <memory>
 #include <string>
 
+#include "common/cli_main.h"
 #include "common/tls.h"
 
 namespace baton::ctl {
 
-// Exit codes: 0 ok, 1 the server or the RPC failed, 2 bad flags, 130 interrupted (Ctrl-C).
+// Exit codes: 0 ok, 1 the server or the RPC failed, 2 bad flags (both as every baton binary's,
+// common/cli_main.h), 130 interrupted (Ctrl-C).
 constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+using baton::kExitFailure;
+using baton::kExitUsage;
 constexpr int kExitInterrupted = 130;
 
 // Where the frontend is and how to prove who we are.

@@ -5,9 +5,8 @@
 //   batonctl health    one grpc.health.v1 check of a role (a probe command)
 // Errors are one line on stderr, "batonctl: error: ...", with exit code 1 (server or RPC
 // failure; doctor: a problem found), 2 (bad flags) or 130 (interrupted); nothing throws out.
-#include <cstdio>
-#include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "client/bench_command.h"
@@ -16,6 +15,7 @@
 #include "client/generate_command.h"
 #include "client/health_command.h"
 #include "client/interrupt_watcher.h"
+#include "common/cli_main.h"
 #include "common/version.h"
 
 int main(int argc, char** argv) {
@@ -28,22 +28,8 @@ int main(int argc, char** argv) {
   add_bench_command(app, &run);
   add_doctor_command(app, &run);
   add_health_command(app, &run);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(kExitUsage, std::string(e.what()) + " (see --help)");
-  }
+  if (const std::optional<int> exit_code = baton::parse_command_line(app, argc, argv)) return *exit_code;
   // Before the first gRPC thread exists: every thread inherits the blocked SIGINT/SIGTERM.
   InterruptWatcher interrupts;
-  try {
-    return run(interrupts);
-  } catch (const std::exception& e) {
-    return fail(kExitFailure, e.what());
-  }
+  return baton::run_command(app, [&] { return run(interrupts); });
 }

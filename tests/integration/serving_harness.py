@@ -307,6 +307,33 @@ class Pki:
                 "-extfile", ext)
         return crt, key
 
+    def rotate(self, crt, key, name, ca_name):
+        """cert-manager's way: a new key pair `name` from a new CA `ca_name`, swapped in over crt and key by
+        rename. Returns the new CA."""
+        new_ca = self.ca(ca_name)
+        new_crt, new_key = self.leaf(name, new_ca)
+        replace_file(new_key, key)
+        replace_file(new_crt, crt)
+        return new_ca
+
+
+def replace_file(src, dst):
+    """Swaps `dst` for a copy of `src` by rename, as a Secret volume update does."""
+    tmp = dst.with_suffix(dst.suffix + ".new")
+    tmp.write_bytes(src.read_bytes())
+    os.replace(tmp, dst)
+
+
+def retry_until(attempt, errors, what, timeout=15):
+    """attempt() until it stops raising one of `errors`; fails with `what` after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return attempt()
+        except errors:
+            assert time.time() < deadline, f"{what} within {timeout} s"
+            time.sleep(0.5)
+
 
 def internal_flags(pki, role):
     crt, key = pki.roles[role]

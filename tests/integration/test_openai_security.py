@@ -4,7 +4,6 @@ body is read) and mutual TLS; a rotated certificate applies to new connections w
 a non-loopback --http-listen without TLS refuses to start (unless --insecure). Certificates are made
 with `openssl` (serving_harness.Pki). The rest of the API is in test_openai_api.py."""
 
-import os
 import socket
 import ssl
 import time
@@ -13,7 +12,7 @@ import httpx2
 import openai
 import pytest
 
-from serving_harness import HTTP, KEY, TEST_MODEL, Pki, reference_text, start, streamed_text
+from serving_harness import HTTP, KEY, TEST_MODEL, Pki, reference_text, retry_until, start, streamed_text
 
 
 def test_api_keys_over_https_and_mutual_tls(baton_bin, test_model, server_factory, tmp_path):
@@ -78,20 +77,10 @@ def test_a_rotated_certificate_applies_to_new_https_connections(test_model, serv
     url = f"https://localhost:{srv.http_port}/health"
     trust = lambda ca: ssl.create_default_context(cafile=str(ca[0]))  # noqa: E731
     assert httpx2.get(url, verify=trust(old_ca), timeout=10).status_code == 200
-    new_ca = pki.ca("new-ca")
-    new_crt, new_key = pki.leaf("baton-new", new_ca)
-    for src, dst in ((new_key, key), (new_crt, crt)):  # cert-manager's way: swapped in by rename
-        tmp = dst.with_suffix(".new")
-        tmp.write_bytes(src.read_bytes())
-        os.replace(tmp, dst)
-    deadline = time.time() + 15
-    while True:
-        try:
-            assert httpx2.get(url, verify=trust(new_ca), timeout=10).status_code == 200
-            break
-        except httpx2.HTTPError:
-            assert time.time() < deadline, "the rotated certificate was not served within 15 s"
-            time.sleep(0.5)
+    new_ca = pki.rotate(crt, key, "baton-new", "new-ca")
+    status = retry_until(lambda: httpx2.get(url, verify=trust(new_ca), timeout=10).status_code, httpx2.HTTPError,
+                         "the rotated certificate was served")
+    assert status == 200
     with pytest.raises(httpx2.HTTPError):  # the old CA no longer verifies the server
         httpx2.get(url, verify=trust(old_ca), timeout=10)
 

@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from serving_harness import (KEY, PRIVILEGED_KEY, PROMPT, SERVING, creds, free_port, health_check, internal_flags,
-                             start, start_secure, tls_generate, wait_blocks_free)
+                             replace_file, retry_until, start, start_secure, tls_generate, wait_blocks_free)
 from test_serving import reference_ids
 
 
@@ -205,20 +205,9 @@ def test_a_rotated_certificate_applies_without_a_restart(pb, pki, baton_bin, tes
     assert tls_generate(pb, srv.address, creds(pki.public_ca), prompt_token_ids=PROMPT, max_tokens=4,
                         ignore_eos=True) == want
     # cert-manager's way: a new key pair from another CA, swapped in by rename.
-    new_ca = pki.ca("baton-public-ca-2")
-    new_crt, new_key = pki.leaf("baton-public-2", new_ca)
-    for src, dst in ((new_key, key), (new_crt, crt)):
-        tmp = dst.with_suffix(".new")
-        tmp.write_bytes(src.read_bytes())
-        os.replace(tmp, dst)
-    deadline = time.time() + 15
-    while True:
-        try:
-            got = tls_generate(pb, srv.address, creds(new_ca), prompt_token_ids=PROMPT, max_tokens=4, ignore_eos=True)
-            break
-        except grpc.RpcError:
-            assert time.time() < deadline, "the rotated certificate was not served within 15 s"
-            time.sleep(0.5)
+    new_ca = pki.rotate(crt, key, "baton-public-2", "baton-public-ca-2")
+    got = retry_until(lambda: tls_generate(pb, srv.address, creds(new_ca), prompt_token_ids=PROMPT, max_tokens=4,
+                                           ignore_eos=True), grpc.RpcError, "the rotated certificate was served")
     assert got == want
     with pytest.raises(grpc.RpcError) as e:  # the old CA no longer verifies the server
         tls_generate(pb, srv.address, creds(pki.public_ca), prompt_token_ids=PROMPT, max_tokens=4)
@@ -307,13 +296,6 @@ def test_an_internal_message_over_64_mib_is_refused_and_the_worker_goes_on(pb, p
     assert tls_generate(pb, front.address, creds(pki.public_ca, pki.client), prompt_token_ids=PROMPT, max_tokens=8,
                         ignore_eos=True) == want
     assert wait_blocks_free(decode)
-
-
-def replace_file(src, dst):
-    """Swaps `dst` for a copy of `src` by rename, as a Secret volume update does."""
-    tmp = dst.with_suffix(dst.suffix + ".new")
-    tmp.write_bytes(src.read_bytes())
-    os.replace(tmp, dst)
 
 
 def test_rotated_internal_certificates_apply_without_a_restart(pb, pki, test_model, server_factory, tmp_path):
