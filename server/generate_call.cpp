@@ -7,8 +7,6 @@
 // holds the call as its sink until it has ended. The call writes through a GrpcStreamWriter
 // (common/grpc_stream_writer.h, whose lifetime rule it follows); the reactor deletes itself in
 // OnDone and only there.
-#include <grpcpp/grpcpp.h>
-
 #include "server/frontend.h"
 
 #include <grpcpp/impl/codegen/proto_utils.h>
