@@ -9,6 +9,13 @@ second that met both SLOs (TTFT and per-request p99 inter-token latency), with T
                  worker that prefills every prompt itself in its decode steps (chunked, the
                  --local-prefill-token-budget tokens a step), on every core
 
+Every point is measured cold: a fresh server per (configuration, rate), and fresh prompts per
+rate (the seed is --seed + the rate's index, the same for both configurations, so both see the
+same prompts). Nothing is served from another point's prefix cache, and the cached prompt tokens
+of each point are reported beside it. (With one server per configuration and one seed for every
+rate, every point after the first was a cache benchmark on the disaggregated side only: its
+prefill worker has a prefix cache, the colocated decode worker's local prefill has none.)
+
 Writes a Markdown table to stdout and an SVG (goodput, ITL p99, TTFT p99 against the offered
 rate, both configurations) to --plot.
 
@@ -36,11 +43,11 @@ CONFIGS = {
 }
 
 
-def bench(a, srv, rate, tmp):
+def bench(a, srv, rate, seed, tmp):
     out = Path(tmp) / f"r{rate}.json"
     cmd = [a.batonctl, "bench", "--address", srv.address, "--rate", str(rate), "--requests", str(a.requests),
            "--warmup", "2", "--prompt-tokens", str(a.prompt_tokens), "--output-tokens", str(a.output_tokens),
-           "--slo-ttft", str(a.slo_ttft), "--slo-itl", str(a.slo_itl), "--seed", str(a.seed), "--json", str(out)]
+           "--slo-ttft", str(a.slo_ttft), "--slo-itl", str(a.slo_itl), "--seed", str(seed), "--json", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
     j = json.loads(out.read_text())
     return {
@@ -50,6 +57,7 @@ def bench(a, srv, rate, tmp):
         "ttft_p50": j["latency_ms"]["ttft"]["p50"], "ttft_p99": j["latency_ms"]["ttft"]["p99"],
         "itl_p50": j["latency_ms"]["itl"]["p50"], "itl_p99": j["latency_ms"]["itl"]["p99"],
         "failed": j["requests"]["failed"],
+        "cached": j["tokens"]["cached_prompt"], "prompt": j["tokens"]["prompt"],
     }
 
 
@@ -106,7 +114,7 @@ def main():
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
     ap.add_argument("--slo-itl", type=float, default=0.05, help="seconds, per-request p99 inter-token gap")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help="the first rate's prompts; rate i uses seed + i")
     ap.add_argument("--extra", default="", help="more `baton local` flags for both configurations")
     ap.add_argument("--plot", help="SVG to write")
     a = ap.parse_args()
@@ -114,25 +122,24 @@ def main():
                                       text=True).stdout.strip().splitlines()[-1]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, flags in CONFIGS.items():
-            results[name] = {}
-            srv = Server(a.bin, model, *flags, *shlex.split(a.extra))
-            try:
-                for rate in a.rates:
-                    results[name][rate] = bench(a, srv, rate, tmp)
-            finally:
-                srv.stop()
+        for i, rate in enumerate(a.rates):
+            for name, flags in CONFIGS.items():
+                srv = Server(a.bin, model, *flags, *shlex.split(a.extra))
+                try:
+                    results.setdefault(name, {})[rate] = bench(a, srv, rate, a.seed + i, tmp)
+                finally:
+                    srv.stop()
     print(f"{a.requests} requests per point, {a.prompt_tokens}+{a.output_tokens} tokens, Poisson arrivals; SLO: "
           f"TTFT <= {a.slo_ttft * 1e3:.0f} ms and per-request ITL p99 <= {a.slo_itl * 1e3:.0f} ms")
     print("| rate req/s | config | goodput req/s | attainment | throughput req/s | TTFT p50 / p99 ms | "
-          "ITL p50 / p99 ms | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+          "ITL p50 / p99 ms | failed | cached prompt tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in a.rates:
         for name in CONFIGS:
             r = results[name][rate]
             print(f"| {rate:g} | {name} | {r['goodput']:.2f} | {100 * r['attainment']:.0f} % | {r['throughput']:.2f} | "
                   f"{r['ttft_p50']:.0f} / {r['ttft_p99']:.0f} | {r['itl_p50']:.1f} / {r['itl_p99']:.1f} | "
-                  f"{r['failed']} |")
+                  f"{r['failed']} | {r['cached']} of {r['prompt']} |")
     if a.plot:
         svg_plot(results, a.rates, a.plot, a)
         print(f"plot: {a.plot}")
