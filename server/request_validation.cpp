@@ -69,6 +69,12 @@ Status RequestBuilder::check_prompt_bytes(size_t bytes) const {
                           std::to_string(model_.max_prompt_bytes) + " bytes); shorten it");
 }
 
+Status RequestBuilder::claim_prompt() {
+  if (has_prompt_) return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
+  has_prompt_ = true;
+  return {};
+}
+
 Status RequestBuilder::set_prompt(Result<std::vector<int32_t>> ids) {
   if (!ids.ok()) return ids.status();
   if (ids->empty()) return invalid_argument("the prompt is empty after tokenization");
@@ -77,8 +83,7 @@ Status RequestBuilder::set_prompt(Result<std::vector<int32_t>> ids) {
 }
 
 Status RequestBuilder::prompt_text(const std::string& text) {
-  if (has_prompt_) return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
-  has_prompt_ = true;
+  BATON_RETURN_IF_ERROR(claim_prompt());
   if (text.empty()) return invalid_argument("the prompt is empty: send text, token ids or messages");
   BATON_RETURN_IF_ERROR(check_prompt_bytes(text.size()));
   auto ids = model_.tokenizer->encode(text, /*parse_special=*/true);
@@ -88,8 +93,7 @@ Status RequestBuilder::prompt_text(const std::string& text) {
 }
 
 Status RequestBuilder::prompt_ids(std::span<const int32_t> ids, std::string_view field) {
-  if (has_prompt_) return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
-  has_prompt_ = true;
+  BATON_RETURN_IF_ERROR(claim_prompt());
   // Counted before any is checked or copied.
   BATON_RETURN_IF_ERROR(check_context(static_cast<int64_t>(ids.size()) + 1, model_.config,
                                       std::string(field) + " (" + std::to_string(ids.size()) + " ids) + one new token"));
@@ -98,8 +102,7 @@ Status RequestBuilder::prompt_ids(std::span<const int32_t> ids, std::string_view
 }
 
 Status RequestBuilder::messages(const std::vector<ChatMessage>& messages) {
-  if (has_prompt_) return invalid_argument("set only one of prompt, prompt_token_ids and messages (the request sets several)");
-  has_prompt_ = true;
+  BATON_RETURN_IF_ERROR(claim_prompt());
   if (messages.empty()) return invalid_argument("messages is empty: send at least one message");
   size_t bytes = 0;
   for (const ChatMessage& m : messages) bytes += m.content.size();

@@ -90,6 +90,7 @@ class RequestBuilder {
   Result<ValidRequest> build() &&;
 
  private:
+  Status claim_prompt();  // the first prompt form set; a second is refused
   Status set_prompt(Result<std::vector<int32_t>> ids);
   Status check_prompt_bytes(size_t bytes) const;
 
