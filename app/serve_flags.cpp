@@ -152,6 +152,28 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
                 "saves (1: the soonest first token; larger: shorter queues first; 0: the cache alone)")
       ->check(CLI::Range(0.0, 1e9))
       ->envname("BATON_PREFILL_QUEUE_WEIGHT");
+  c->add_option("--ttft-slo", a.ttft_slo,
+                "Frontend: time-to-first-token target in seconds: a request predicted to miss it on every placement "
+                "is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with Retry-After, naming the prefill queue or "
+                "decode KV); requests may ask for a tighter one (0: none)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->envname("BATON_TTFT_SLO");
+  c->add_option("--prefill-placement", a.prefill_placement,
+                "Frontend: where prompts are prefilled: static (on the decode worker up to "
+                "--local-prefill-max-tokens, else a prefill worker) or adaptive (per request, by predicted TTFT "
+                "and the cost to the decode batch, up to the same bound)")
+      ->check(CLI::IsMember({"static", "adaptive"}))
+      ->envname("BATON_PREFILL_PLACEMENT");
+  c->add_option("--slo-hold-fraction", a.slo_hold_fraction,
+                "Frontend, with --ttft-slo: a worker is handed a new prompt only while the work it holds is "
+                "predicted under this fraction of the target; the rest waits at the frontend in priority order")
+      ->check(CLI::Range(0.01, 1.0))
+      ->envname("BATON_SLO_HOLD_FRACTION");
+  c->add_option("--local-prefill-itl-weight", a.local_prefill_itl_weight,
+                "Frontend, adaptive placement without --ttft-slo: prefill on the decode worker when the TTFT saved "
+                "exceeds W x the time added to its decode batch")
+      ->check(CLI::Range(0.0, 1e6))
+      ->envname("BATON_LOCAL_PREFILL_ITL_WEIGHT");
   c->add_option("--log-level", a.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->envname("BATON_LOG_LEVEL");

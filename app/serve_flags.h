@@ -64,6 +64,11 @@ struct ServeArgs {
   int prefix_cache_blocks = -1;  // most blocks of the prefix cache (-1: the whole KV pool; 0: off)
   // frontend: prefix-aware prefill routing, queue tokens per cached prompt token (SchedulerConfig)
   double prefill_queue_weight = 1.0;
+  // frontend: TTFT-target admission and where to prefill (SchedulerConfig)
+  double ttft_slo = 0;
+  std::string prefill_placement = "static";
+  double slo_hold_fraction = 0.5;
+  double local_prefill_itl_weight = 1.0;
   int max_request_seconds = 3600;  // a request's KV blocks are held at most this long
   // local
   int n_prefill_workers = 1;

@@ -245,6 +245,10 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
   fc.scheduler.prefill_queue_weight = a.prefill_queue_weight;
+  fc.scheduler.ttft_slo_seconds = a.ttft_slo;
+  fc.scheduler.prefill_choice = a.prefill_placement == "adaptive" ? PrefillChoice::kAdaptive : PrefillChoice::kStatic;
+  fc.scheduler.slo_hold_fraction = a.slo_hold_fraction;
+  fc.scheduler.local_prefill_itl_weight = a.local_prefill_itl_weight;
   fc.workers.prefill_optional = a.local_prefill_max_tokens > 0;
   auto r = std::make_unique<FrontendRole>();
   BATON_ASSIGN_OR_RETURN(r->frontend, Frontend::create(fc, metrics));

@@ -9,6 +9,8 @@ namespace {
 const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 const prometheus::Histogram::BucketBoundaries kTokenBuckets = {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+// Relative errors: 5 % to 10×.
+const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2, 5, 10};
 
 template <typename T>
 prometheus::Family<T>& family(prometheus::Registry& r, const std::string& name, const std::string& help) {
@@ -40,6 +42,12 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
                                                  "Mean time between output tokens of one request, after the first")),
       e2e_seconds(family<prometheus::Histogram>(*r, "baton_request_e2e_seconds", "Arrival to the final message")),
       prefill_step_tokens(family<prometheus::Histogram>(*r, "baton_prefill_step_tokens", "Prompt tokens in one prefill step")),
+      ttft_predicted_seconds(family<prometheus::Histogram>(*r, "baton_ttft_predicted_seconds",
+                                                           "Time to first token the frontend predicted at admission, "
+                                                           "per request that got a first token")),
+      ttft_prediction_error_ratio(family<prometheus::Histogram>(*r, "baton_ttft_prediction_error_ratio",
+                                                                "|predicted - actual| / actual time to first token, "
+                                                                "per request that got a first token")),
       requests_total(family<prometheus::Counter>(*r, "baton_requests_total", "Finished Generate requests by gRPC status code")),
       prompt_tokens_total(family<prometheus::Counter>(*r, "baton_prompt_tokens_total", "Prompt tokens of admitted requests")),
       generation_tokens_total(family<prometheus::Counter>(*r, "baton_generation_tokens_total", "Tokens generated")),
@@ -49,6 +57,9 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
                                                           "K and V bytes handed off, per link (src, dst, transport)")),
       request_failovers_total(family<prometheus::Counter>(*r, "baton_request_failovers_total",
                                                           "Requests moved to other workers after a worker failed them, by what failed")),
+      slo_rejections_total(family<prometheus::Counter>(*r, "baton_slo_rejections_total",
+                                                       "Requests refused at admission as predicted to miss their TTFT "
+                                                       "target, by the side that would make them late")),
       kv_probes_total(family<prometheus::Counter>(*r, "baton_kv_probes_total",
                                                   "Synthetic KV transfers (batonctl doctor) sent (prefill) or received "
                                                   "(decode), by result; not counted in any request metric")),
@@ -74,7 +85,9 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> r)
       registry_(std::move(r)) {}
 
 prometheus::Histogram& Metrics::histogram(prometheus::Family<prometheus::Histogram>& f, const prometheus::Labels& labels) {
-  return f.Add(labels, &f == &prefill_step_tokens ? kTokenBuckets : kSecondsBuckets);
+  if (&f == &prefill_step_tokens) return f.Add(labels, kTokenBuckets);
+  if (&f == &ttft_prediction_error_ratio) return f.Add(labels, kRatioBuckets);
+  return f.Add(labels, kSecondsBuckets);
 }
 
 EngineGauges::EngineGauges(Metrics* metrics, const std::string& role, const std::string& worker) {

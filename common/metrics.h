@@ -30,6 +30,10 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& tpot_seconds;          // time per output token after the first
   prometheus::Family<prometheus::Histogram>& e2e_seconds;           // arrival → final message
   prometheus::Family<prometheus::Histogram>& prefill_step_tokens;   // tokens in one prefill step
+  // The frontend's TTFT predictor (scheduler/ttft_predictor.h), per request that got a first
+  // token: the TTFT predicted at admission, and |predicted − actual| / actual.
+  prometheus::Family<prometheus::Histogram>& ttft_predicted_seconds;
+  prometheus::Family<prometheus::Histogram>& ttft_prediction_error_ratio;
   // Counters.
   prometheus::Family<prometheus::Counter>& requests_total;          // label code="OK|INVALID_ARGUMENT|..."
   prometheus::Family<prometheus::Counter>& prompt_tokens_total;
@@ -37,6 +41,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& kv_transfer_errors_total;  // labels src, dst, transport
   prometheus::Family<prometheus::Counter>& kv_transfer_bytes_total;   // labels src, dst, transport
   prometheus::Family<prometheus::Counter>& request_failovers_total;   // label reason="prefill|kv_handoff|decode_admit|decode"
+  prometheus::Family<prometheus::Counter>& slo_rejections_total;  // label reason="prefill_queue|decode_kv" (--ttft-slo)
   // KV probes (batonctl doctor), apart from every request metric: role, worker, result="ok|failed".
   prometheus::Family<prometheus::Counter>& kv_probes_total;
   prometheus::Family<prometheus::Counter>& kv_probe_bytes_total;     // labels role, worker: K and V bytes probed

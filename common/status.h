@@ -2,6 +2,7 @@
 // Status). Codes mirror the gRPC ones the serving layer maps them to.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <variant>
@@ -37,12 +38,26 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // When a refused request may be retried, in seconds (0: not said): HTTP's Retry-After, gRPC's
+  // retry-after trailer. Kept by with_message.
+  int32_t retry_after_seconds() const { return retry_after_seconds_; }
+  Status& set_retry_after_seconds(int32_t seconds) {
+    retry_after_seconds_ = seconds;
+    return *this;
+  }
+  // The same status with another message (context added, or redacted for a client).
+  Status with_message(std::string message) const {
+    Status s = *this;
+    s.message_ = std::move(message);
+    return s;
+  }
   // "INVALID_ARGUMENT: message" for logs and CLI errors.
   std::string to_string() const;
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int32_t retry_after_seconds_ = 0;
 };
 
 inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }

@@ -112,7 +112,7 @@ void RequestPipeline::report_fault(WorkerRole role, const std::string& address, 
 
 Status RequestPipeline::with_history(const Status& status) const {
   if (history_.empty()) return status;
-  return Status(status.code(), status.message() + " (after failovers: " + join(history_) + ")");
+  return status.with_message(status.message() + " (after failovers: " + join(history_) + ")");
 }
 
 std::string RequestPipeline::for_client(std::string text) const {
@@ -159,6 +159,7 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   pending.n_prompt_tokens = static_cast<int64_t>(req_.prompt_ids.size() + emitted_.size());
   pending.n_total_tokens = static_cast<int64_t>(req_.prompt_ids.size()) + req_.max_tokens;
   pending.priority = req_.priority;
+  pending.ttft_slo_seconds = req_.ttft_slo_seconds;
   pending.arrival = req_.arrival;  // a failover keeps its place in the order
   pending.deadline = req_.deadline;
   pending.avoid_decode = avoid_decode_;
@@ -332,7 +333,9 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
 void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds,
                                          int32_t cached_tokens) {
   attempt_.first_token = true;
-  g.after([s = deps_.scheduler, id = attempt_.id] { s->prefill_done(id); });
+  g.after([s = deps_.scheduler, id = attempt_.id, prefill_seconds, cached_tokens] {
+    s->first_token(id, prefill_seconds, cached_tokens);
+  });
   state_ = PipelineState::kDecoding;
   if (!have_first_token_) {
     have_first_token_ = true;
@@ -584,7 +587,7 @@ void RequestPipeline::end_locked(Guard& g, const Status& status) {
   o.decode_address = attempt_.placement.decode_address;
   std::shared_ptr<ResponseSink> sink = std::move(sink_);
   // Everything a status says reaches the client: the request by its label, workers by role.
-  sink->on_end(status.ok() ? status : Status(status.code(), for_client(status.message())), o);
+  sink->on_end(status.ok() ? status : status.with_message(for_client(status.message())), o);
 }
 
 }  // namespace baton

@@ -64,6 +64,7 @@ struct PipelineRequest {
   // decode worker stops there too; the pipeline must know it for a worker that died right after).
   std::vector<int32_t> stop_ids;
   int32_t priority = 0;
+  double ttft_slo_seconds = 0;  // the client's own TTFT target (0: the server's; PendingRequest)
   std::string model_fingerprint;
   TimePoint arrival{};                       // on the scheduler's clock
   std::optional<TimePoint> deadline;         // on the scheduler's clock

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 namespace baton {
 
@@ -32,7 +33,49 @@ int64_t largest_decode_capacity(const std::vector<WorkerSnapshot>& decode) {
   return best;
 }
 
+// The worker `policy` picks for `q`, passing over those in `avoid` while another fits.
+std::optional<std::string> pick_avoiding(const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
+                                         const std::vector<std::string>& avoid, const PlacementRequest& q) {
+  if (!avoid.empty()) {
+    if (auto other = policy.pick(without(workers, avoid), q)) return other;
+  }
+  return policy.pick(workers, q);
+}
+
+const WorkerSnapshot* find_worker(const std::vector<WorkerSnapshot>& workers, const std::string& address) {
+  const auto it =
+      std::find_if(workers.begin(), workers.end(), [&](const WorkerSnapshot& w) { return w.address == address; });
+  return it == workers.end() ? nullptr : &*it;
+}
+
+PlacementRequest placement_request(const PendingRequest& req) {
+  std::span<const int32_t> tokens;
+  if (req.tokens) tokens = *req.tokens;
+  return {req.n_prompt_tokens, req.n_total_tokens, tokens};
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// Seconds to 3 significant digits: "1.13 s", "0.005 s", "20 s".
+std::string secs_string(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.3g s", v);
+  return buf;
+}
+
 }  // namespace
+
+const char* slo_rejection_name(SloRejection reason) {
+  switch (reason) {
+    case SloRejection::kPrefillQueue: return "prefill_queue";
+    case SloRejection::kDecodeKv: return "decode_kv";
+  }
+  return "unknown";
+}
 
 Status SchedulerConfig::validate() const {
   if (max_requests < 1) return invalid_argument("max_requests must be >= 1, got " + std::to_string(max_requests));
@@ -44,6 +87,13 @@ Status SchedulerConfig::validate() const {
   if (local_prefill_max_tokens < 0) return invalid_argument("local_prefill_max_tokens must be >= 0");
   if (!(prefill_queue_weight >= 0) || !std::isfinite(prefill_queue_weight)) {
     return invalid_argument("prefill_queue_weight must be a finite number >= 0");
+  }
+  if (!(ttft_slo_seconds >= 0) || !std::isfinite(ttft_slo_seconds)) {
+    return invalid_argument("ttft_slo_seconds must be a finite number >= 0 (0: none)");
+  }
+  if (!(slo_hold_fraction > 0 && slo_hold_fraction <= 1)) return invalid_argument("slo_hold_fraction must be in (0, 1]");
+  if (!(local_prefill_itl_weight >= 0) || !std::isfinite(local_prefill_itl_weight)) {
+    return invalid_argument("local_prefill_itl_weight must be a finite number >= 0");
   }
   return {};
 }
@@ -129,7 +179,7 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
 
   Actions actions;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (requests_.count(req.id) != 0) return invalid_argument("request id " + req.id + " is already in use");
     if (static_cast<int64_t>(requests_.size()) >= config_.max_requests) {
       return resource_exhausted("server is at its request bound: " + std::to_string(requests_.size()) +
@@ -141,7 +191,15 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
                                 " queued + " + std::to_string(req.n_prompt_tokens) + " > max_queued_prompt_tokens = " +
                                 std::to_string(config_.max_queued_prompt_tokens) + "; retry with backoff");
     }
+    std::optional<double> predicted;
+    std::optional<SloRejection> rejected;
+    if (Status s = admit_to_slo_locked(req, decode, prefill, now, &predicted, &rejected); !s.ok()) {
+      lock.unlock();
+      if (rejected && events_.slo_rejected) events_.slo_rejected(*rejected);
+      return s;
+    }
     Entry e;
+    e.predicted_ttft = predicted;
     e.seq = next_seq_++;
     e.queued_at = now;
     e.on_placed = std::move(on_placed);
@@ -177,12 +235,42 @@ void Scheduler::decode_admitted(const std::string& id) {
 }
 
 void Scheduler::prefill_done(const std::string& id) {
-  std::lock_guard lock(mu_);
-  auto it = requests_.find(id);
-  if (it == requests_.end() || !it->second.prefill_outstanding) return;
-  registry_.remove_prefill_tokens(it->second.placement.prefill_address, id);
-  registry_.confirm_prefill_prefix(it->second.placement.prefill_address, id);  // its blocks are cached now
-  it->second.prefill_outstanding = false;
+  Actions actions;
+  {
+    std::lock_guard lock(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.prefill_outstanding) return;
+    Entry& e = it->second;
+    if (e.local_tokens > 0) {
+      local_outstanding_[e.placement.decode_address] -= e.local_tokens;
+      e.local_tokens = 0;
+    } else {
+      registry_.remove_prefill_tokens(e.placement.prefill_address, id);
+      registry_.confirm_prefill_prefix(e.placement.prefill_address, id);  // its blocks are cached now
+    }
+    e.prefill_outstanding = false;
+    // A worker holding less may be handed the next prompt (a TTFT target holds them back).
+    place_locked(clock_.now(), actions);
+  }
+  run(actions);
+}
+
+void Scheduler::first_token(const std::string& id, double prefill_seconds, int64_t cached_tokens) {
+  std::optional<std::pair<double, double>> sample;  // predicted, seen
+  {
+    std::lock_guard lock(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.placed || !it->second.prefill_outstanding) return;
+    const Entry& e = it->second;
+    const std::string& where =
+        e.placement.prefill_address.empty() ? e.placement.decode_address : e.placement.prefill_address;
+    predictor_.observe(where, e.req.n_prompt_tokens - cached_tokens, prefill_seconds);
+    if (e.predicted_ttft) {
+      sample.emplace(*e.predicted_ttft, std::chrono::duration<double>(clock_.now() - e.req.arrival).count());
+    }
+  }
+  if (sample && events_.ttft) events_.ttft(sample->first, sample->second);
+  prefill_done(id);
 }
 
 void Scheduler::finished(const std::string& id) {
@@ -196,7 +284,7 @@ void Scheduler::cancel(const std::string& id) {
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     if (it->second.placed) {
-      release_placed_locked(id);
+      release_placed_locked(id, clock_.now());
     } else {
       fail_queued_locked(id, cancelled("request " + id + " was cancelled while queued"), actions);
     }
@@ -261,57 +349,37 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
   bool head_seen = false;  // the first request in order that could not be placed
   for (auto it = queue_.begin(); it != queue_.end();) {
     Entry& e = requests_.at(it->id);
-    std::span<const int32_t> tokens;
-    if (e.req.tokens) tokens = *e.req.tokens;
-    const PlacementRequest q{e.req.n_prompt_tokens, e.req.n_total_tokens, tokens};
-    // Workers to avoid are passed over while another fits.
-    auto pick = [&q](const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
-                     const std::vector<std::string>& avoid) {
-      if (!avoid.empty()) {
-        if (auto other = policy.pick(without(workers, avoid), q)) return other;
-      }
-      return policy.pick(workers, q);
-    };
-    std::optional<std::string> d = pick(*decode_policy_, decode, e.req.avoid_decode);
+    const PlacementRequest q = placement_request(e.req);
     const WorkerSnapshot* w = nullptr;
-    if (d.has_value()) {
-      const auto found =
-          std::find_if(decode.begin(), decode.end(), [&](const WorkerSnapshot& s) { return s.address == *d; });
-      BATON_CHECK(found != decode.end(), "decode policy picked %s, which is not in the snapshot", d->c_str());
-      w = &*found;
+    if (auto d = pick_avoiding(*decode_policy_, decode, e.req.avoid_decode, q)) {
+      w = find_worker(decode, *d);
+      BATON_CHECK(w != nullptr, "decode policy picked %s, which is not in the snapshot", d->c_str());
     }
-    // The decode worker prefills it itself where both this frontend and the worker allow it.
-    const bool local = w != nullptr && local_on(e.req, *w);
-    std::optional<std::string> p;
-    if (d.has_value() && !local) p = pick(*prefill_policy_, prefill, e.req.avoid_prefill);
+    std::optional<PrefillSite> site;
+    if (w != nullptr) site = choose_prefill_locked(e, *w, prefill, now);
     bool placed = false;
-    if (d.has_value() && (local || p.has_value())) {
+    if (site.has_value()) {
+      const std::string d = w->address;
       const int64_t blocks = blocks_for(e.req.n_total_tokens, w->load.block_size);
-      // What the prefill worker will compute: the prompt less what its prefix cache should hold.
-      int64_t prefill_tokens = e.req.n_prompt_tokens;
-      std::shared_ptr<const std::vector<uint64_t>> prefix;
-      if (!local) {
-        const auto pw = std::find_if(prefill.begin(), prefill.end(),
-                                     [&](const WorkerSnapshot& s) { return s.address == *p; });
-        BATON_CHECK(pw != prefill.end(), "prefill policy picked %s, which is not in the snapshot", p->c_str());
-        auto hashes = prefix_routing_hashes(*pw, tokens);
-        prefill_tokens -= expected_cached_tokens(*pw, tokens, &hashes);
-        if (!hashes.empty()) prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
-      }
+      const std::string p = site->local ? std::string() : site->worker->address;
       // Either may fail when an address update dropped the worker since the snapshot.
-      if (registry_.reserve_decode(*d, e.req.id, blocks)) {
-        if (local || registry_.add_prefill_tokens(*p, e.req.id, prefill_tokens)) {
-          if (prefix) registry_.add_prefill_prefix(*p, e.req.id, std::move(prefix));
+      if (registry_.reserve_decode(d, e.req.id, blocks)) {
+        if (site->local || registry_.add_prefill_tokens(p, e.req.id, site->n_compute)) {
+          if (site->prefix) registry_.add_prefill_prefix(p, e.req.id, site->prefix);
+          if (site->local) {
+            e.local_tokens = e.req.n_prompt_tokens;
+            local_outstanding_[d] += e.local_tokens;
+          }
           placed = true;
           e.placed = true;
-          e.prefill_outstanding = !local;
-          e.placement = Placement{e.req.id, local ? std::string() : *p, *d, blocks};
+          e.prefill_outstanding = true;
+          e.placement = Placement{e.req.id, p, d, blocks};
           queued_prompt_tokens_ -= e.req.n_prompt_tokens;
           actions.push_back([fn = std::move(e.on_placed), placement = e.placement] { fn(placement); });
           e.on_placed = nullptr;
           e.on_failed = nullptr;  // resolved: on_failed will never run
         } else {
-          registry_.release_decode(*d, e.req.id);
+          registry_.release_decode(d, e.req.id);
         }
       }
       // The registry changed (or a worker vanished): later requests must see the new numbers.
@@ -341,16 +409,194 @@ void Scheduler::fail_queued_locked(const std::string& id, Status status, Actions
   requests_.erase(it);
 }
 
-void Scheduler::release_placed_locked(const std::string& id) {
+void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
   auto it = requests_.find(id);
   BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
   const Entry& e = it->second;
   registry_.release_decode(e.placement.decode_address, id);
-  if (e.prefill_outstanding) {
+  released_[e.placement.decode_address].emplace_back(now, e.placement.decode_blocks);
+  if (e.local_tokens > 0) {
+    local_outstanding_[e.placement.decode_address] -= e.local_tokens;
+  } else if (e.prefill_outstanding) {
     registry_.remove_prefill_tokens(e.placement.prefill_address, id);
     registry_.remove_prefill_prefix(e.placement.prefill_address, id);
   }
   requests_.erase(it);
+}
+
+double Scheduler::slo_of(const PendingRequest& req) const {
+  const double server = config_.ttft_slo_seconds;
+  const double own = req.ttft_slo_seconds;
+  if (server > 0 && own > 0) return std::min(server, own);
+  return std::max(server, own);
+}
+
+Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const WorkerSnapshot& w, bool local,
+                                              int64_t extra_ahead) const {
+  PrefillSite site;
+  site.worker = &w;
+  site.local = local;
+  site.n_compute = req.n_prompt_tokens;
+  TtftPredictor::Ahead ahead;
+  ahead.report_age_seconds = std::chrono::duration<double>(clock_.now() - w.last_report_at).count();
+  ahead.other = extra_ahead;
+  double prior = 0;
+  if (local) {
+    // Local prompts placed here are counted until their first token, the report's only as reported.
+    const auto it = local_outstanding_.find(w.address);
+    const int64_t placed = it == local_outstanding_.end() ? 0 : it->second;
+    ahead.reported = std::max<int64_t>(w.load.queued_prompt_tokens - placed, 0);
+    ahead.other += placed;
+    // Until this decode worker has prefilled, it is taken to compute as fast as a prefill worker.
+    for (const auto& p : registry_.snapshot(WorkerRole::kPrefill)) {
+      prior = std::max(prior, predictor_.rate(p, req.n_prompt_tokens));
+    }
+  } else {
+    std::span<const int32_t> tokens;
+    if (req.tokens) tokens = *req.tokens;
+    auto hashes = prefix_routing_hashes(w, tokens);
+    site.n_compute -= expected_cached_tokens(w, tokens, &hashes);
+    if (!hashes.empty()) site.prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
+    ahead.reported = w.load.queued_prompt_tokens;
+    ahead.other += w.unreported_prompt_tokens;
+  }
+  site.ttft = predictor_.predict(w, site.n_compute, ahead, prior);
+  return site;
+}
+
+double Scheduler::decode_wait_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                                     int64_t tokens_ahead, TimePoint now) {
+  double best = std::numeric_limits<double>::infinity();
+  bool any = false;
+  for (const auto& d : decode) {
+    if (!d.can_place() || d.load.block_size <= 0) continue;
+    any = true;
+    const int64_t shortfall = blocks_for(req.n_total_tokens + tokens_ahead, d.load.block_size) - d.available_blocks();
+    if (shortfall <= 0) return 0;
+    auto& log = released_[d.address];
+    std::erase_if(log, [&](const auto& r) { return now - r.first > kReleaseWindow; });
+    int64_t freed = 0;
+    for (const auto& r : log) freed += r.second;
+    if (freed > 0) {
+      const double rate = static_cast<double>(freed) / std::chrono::duration<double>(kReleaseWindow).count();
+      best = std::min(best, static_cast<double>(shortfall) / rate);
+    }
+  }
+  return any ? best : 0;  // no decode worker placeable: the queue's own rules apply
+}
+
+Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                                      const std::vector<WorkerSnapshot>& prefill, TimePoint now,
+                                      std::optional<double>* predicted, std::optional<SloRejection>* rejected) {
+  // The queued requests that will be placed before this one: same or higher priority, earlier.
+  const QueueKey key{req.priority, req.arrival, next_seq_, req.id};
+  int64_t prompt_ahead = 0, total_ahead = 0;
+  for (const QueueKey& k : queue_) {
+    if (!(k < key)) break;
+    const PendingRequest& r = requests_.at(k.id).req;
+    prompt_ahead += r.n_prompt_tokens;
+    total_ahead += r.n_total_tokens;
+  }
+  // Every placement the prefill rule allows (the static rule: local where allowed, else prefill
+  // workers; adaptive: both).
+  std::vector<const WorkerSnapshot*> local, remote;
+  for (const auto& d : decode) {
+    if (d.can_place() && local_on(req, d)) local.push_back(&d);
+  }
+  if (config_.prefill_choice == PrefillChoice::kAdaptive || local.empty()) {
+    for (const auto& p : prefill) {
+      if (p.can_place()) remote.push_back(&p);
+    }
+  }
+  const size_t n_sites = local.size() + remote.size();
+  if (n_sites == 0) return {};  // nothing to place on: the queue's own rules apply
+  // The prompts queued here ahead spread over the placements.
+  const int64_t extra = prompt_ahead / static_cast<int64_t>(n_sites);
+  std::optional<PrefillSite> best;
+  for (bool is_local : {true, false}) {
+    for (const WorkerSnapshot* w : is_local ? local : remote) {
+      PrefillSite site = site_locked(req, *w, is_local, extra);
+      if (site.ttft && (!best || site.ttft->seconds() < best->ttft->seconds())) best = std::move(site);
+    }
+  }
+  if (!best) return {};  // no rate measured yet: nothing to predict by
+  const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
+  const double decode_wait = decode_wait_locked(req, decode, total_ahead, now);
+  const double ttft = elapsed + decode_wait + best->ttft->seconds();
+  if (std::isfinite(ttft)) *predicted = ttft;
+  const double slo = slo_of(req);
+  if (slo <= 0 || ttft <= slo) return {};
+  // The decode side when waiting for its blocks alone misses the target; else the prefill queue.
+  const bool decode_side = decode_wait > 0 && elapsed + decode_wait > slo;
+  *rejected = decode_side ? SloRejection::kDecodeKv : SloRejection::kPrefillQueue;
+  std::string why;
+  if (decode_side) {
+    why = std::isfinite(decode_wait)
+              ? "decode KV: no decode worker has room for its " + std::to_string(req.n_total_tokens) +
+                    " KV positions for about " + secs_string(decode_wait) + " at the rate blocks were freed recently"
+              : "decode KV: no decode worker has room for its " + std::to_string(req.n_total_tokens) +
+                    " KV positions and none freed blocks recently";
+  } else {
+    const TtftPrediction& p = *best->ttft;
+    why = "prefill queue: the soonest is " + std::string(best->local ? "a decode worker prefilling itself" : "a prefill worker") +
+          " with " + std::to_string(p.tokens_ahead) + " prompt tokens ahead (" + secs_string(p.wait_seconds) +
+          ") and " + std::to_string(best->n_compute) + " of its own at " + fixed(p.rate, 0) + " tokens/s (" +
+          secs_string(p.compute_seconds) + ")";
+  }
+  const double over = std::isfinite(ttft) ? ttft - slo : std::chrono::duration<double>(kReleaseWindow).count();
+  const auto retry = static_cast<int32_t>(std::clamp(std::ceil(over), 1.0, 3600.0));
+  Status s = resource_exhausted("predicted time to first token " + (std::isfinite(ttft) ? secs_string(ttft) : std::string("unbounded")) +
+                                " misses the TTFT target of " + secs_string(slo) + " on every placement; " + why +
+                                "; retry after " + std::to_string(retry) + " s");
+  s.set_retry_after_seconds(retry);
+  return s;
+}
+
+bool Scheduler::may_hand_over(const PendingRequest& req, const PrefillSite& site) const {
+  const double slo = slo_of(req);
+  if (slo <= 0 || !site.ttft || site.ttft->tokens_ahead == 0) return true;
+  return site.ttft->wait_seconds < config_.slo_hold_fraction * slo;
+}
+
+std::optional<Scheduler::PrefillSite> Scheduler::choose_prefill_locked(const Entry& e, const WorkerSnapshot& d,
+                                                                       const std::vector<WorkerSnapshot>& prefill,
+                                                                       TimePoint now) const {
+  const PendingRequest& req = e.req;
+  const bool adaptive = config_.prefill_choice == PrefillChoice::kAdaptive;
+  std::optional<PrefillSite> local, remote;
+  if (local_on(req, d)) local = site_locked(req, d, /*local=*/true, 0);
+  if (!local || adaptive) {
+    if (auto p = pick_avoiding(*prefill_policy_, prefill, req.avoid_prefill, placement_request(req))) {
+      const WorkerSnapshot* pw = find_worker(prefill, *p);
+      BATON_CHECK(pw != nullptr, "prefill policy picked %s, which is not in the snapshot", p->c_str());
+      remote = site_locked(req, *pw, /*local=*/false, 0);
+    }
+  }
+  std::optional<PrefillSite>* first = local ? &local : &remote;  // the static rule's choice
+  std::optional<PrefillSite>* second = local ? &remote : &local;
+  if (adaptive && local && remote) {
+    const auto& l = local->ttft;
+    const auto& r = remote->ttft;
+    bool prefer_local = true;
+    if (l && r) {
+      const double slo = slo_of(req);
+      const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
+      if (slo > 0) {
+        prefer_local = !(elapsed + r->seconds() <= slo) && (elapsed + l->seconds() <= slo || l->seconds() < r->seconds());
+      } else {
+        const int64_t n_running = d.load.n_running + d.n_unreported_requests;
+        const double cost = config_.local_prefill_itl_weight * static_cast<double>(n_running) * l->compute_seconds;
+        prefer_local = r->seconds() - l->seconds() > cost;
+      }
+    } else if (l || r) {
+      prefer_local = l.has_value();
+    }
+    first = prefer_local ? &local : &remote;
+    second = prefer_local ? &remote : &local;
+  }
+  if (*first && may_hand_over(req, **first)) return std::move(*first);
+  if (adaptive && *second && may_hand_over(req, **second)) return std::move(*second);
+  return std::nullopt;
 }
 
 void Scheduler::run(Actions& actions) {

@@ -26,6 +26,29 @@
 // lower priorities can still wait indefinitely under sustained higher-priority load: that is
 // what priority means.)
 //
+// Where to prefill (SchedulerConfig::prefill_choice): kStatic prefills a prompt of at most
+// local_prefill_max_tokens on its decode worker (when the worker takes prompts that long) and
+// every other on a prefill worker: 0 is disaggregated, a large N with no prefill workers is
+// colocated. kAdaptive chooses per request between the decode worker (up to the same bound) and
+// the prefill worker PrefillPlacement picks, by TtftPredictor's TTFT each way: with a TTFT target,
+// the prefill worker while it is predicted to meet the target, else the decode worker if that is,
+// else the sooner; without one, the decode worker when the TTFT it saves is more than
+// local_prefill_itl_weight × the time it adds to the decode batch (its running sequences each
+// wait for the local prefill's compute). A side whose rate is not measured yet is not chosen
+// over one that is; with neither measured, the static rule decides.
+//
+// Admission to a TTFT target (ttft_slo_seconds, or the request's own, whichever is tighter): at
+// submit, the TTFT is predicted on every placement: the decode side's wait for KV blocks (none
+// while a decode worker has room; else the blocks short over the rate this frontend's requests
+// have freed them at recently, infinite when none were freed) plus the best prefill side
+// (TtftPredictor, counting the prompts queued here ahead of it: same or higher priority, earlier).
+// A request predicted to miss the target everywhere is refused at once: RESOURCE_EXHAUSTED with
+// a retry-after, and a message naming the side (decode KV when its wait alone misses the target,
+// else the prefill queue) and the prediction. Requests whose TTFT cannot be predicted yet (no
+// rate measured) are admitted. While a target is set, workers are handed prompts only up to
+// slo_hold_fraction of it (see SchedulerConfig), so the queue here, in priority order, holds the
+// rest: a higher priority sees less work ahead of it, and lower priorities are refused first.
+//
 // Queue invariant: the queue holds only requests submit() would accept now; poll() fails the
 // rest (deadline passed; all decode or prefill workers gone: UNAVAILABLE; no decode worker large
 // enough any more: INVALID_ARGUMENT), and those that waited no_worker_timeout while a role had
@@ -46,9 +69,12 @@
 #include "common/status.h"
 #include "scheduler/clock.h"
 #include "scheduler/placement.h"
+#include "scheduler/ttft_predictor.h"
 #include "scheduler/worker_registry.h"
 
 namespace baton {
+
+enum class PrefillChoice { kStatic, kAdaptive };
 
 struct SchedulerConfig {
   // Requests admitted (queued or placed) and not yet finished. One more is refused with
@@ -74,6 +100,19 @@ struct SchedulerConfig {
   // weigh as much as one prompt token its prefix cache saves. 1: the estimated time to the first
   // token; larger: shorter queues first; 0: the cache alone. >= 0.
   double prefill_queue_weight = 1.0;
+  // Where each prompt is prefilled (see "Where to prefill" above).
+  PrefillChoice prefill_choice = PrefillChoice::kStatic;
+  // The TTFT target in seconds (0: none: admission is by the bounds above alone). See "Admission
+  // to a TTFT target" above. >= 0.
+  double ttft_slo_seconds = 0;
+  // With a TTFT target: a worker is handed a new prompt only while the work it already holds is
+  // predicted to take less than this fraction of the target (or it holds none), so that the rest
+  // waits in this queue, in priority order, rather than in the worker's FCFS one. In (0, 1].
+  double slo_hold_fraction = 0.5;
+  // kAdaptive without a TTFT target: prefill locally when the TTFT it saves exceeds this weight
+  // times the time it adds to the decode batch (its running sequences × its local prefill
+  // seconds). >= 0.
+  double local_prefill_itl_weight = 1.0;
 
   Status validate() const;
 };
@@ -92,6 +131,20 @@ struct PendingRequest {
   std::vector<std::string> avoid_decode, avoid_prefill;
   // The n_prompt_tokens tokens, for prefix-aware prefill routing (null: route by queue alone).
   std::shared_ptr<const std::vector<int32_t>> tokens;
+  // The client's own TTFT target in seconds (0: the server's); the tighter of the two applies.
+  double ttft_slo_seconds = 0;
+};
+
+// Why admission to a TTFT target refused a request: the side predicted to make it late.
+enum class SloRejection { kPrefillQueue, kDecodeKv };
+const char* slo_rejection_name(SloRejection reason);  // "prefill_queue" / "decode_kv"
+
+// What the scheduler tells the frontend's metrics (each may be empty; called without its lock).
+struct SchedulerEvents {
+  // A first token arrived: the TTFT predicted at admission, and the TTFT seen (both from arrival).
+  std::function<void(double predicted_seconds, double actual_seconds)> ttft;
+  // A request was refused for its TTFT target.
+  std::function<void(SloRejection reason)> slo_rejected;
 };
 
 // Where a request goes. The frontend Admits it on decode_address, then Prefills on prefill_address;
@@ -132,6 +185,12 @@ class Scheduler {
   // The request's prefill finished (first token received) or was abandoned: its prompt tokens
   // are no longer outstanding on the prefill worker.
   void prefill_done(const std::string& id);
+  // The request's first token arrived after `prefill_seconds` of prefill compute with
+  // `cached_tokens` of its prompt from a prefix cache: feeds the predictor (the worker's rate, and
+  // the predicted-vs-seen TTFT to SchedulerEvents), then does what prefill_done does.
+  void first_token(const std::string& id, double prefill_seconds, int64_t cached_tokens);
+  // Set once, before the first submit.
+  void set_events(SchedulerEvents events) { events_ = std::move(events); }
   // The request ended (any reason). Frees its admission slot and what it holds in the registry,
   // then does what poll() does. A queued request is cancelled (on_failed(CANCELLED)). Unknown ids
   // (already finished) are ignored.
@@ -155,6 +214,16 @@ class Scheduler {
     bool placed = false;
     Placement placement;               // valid when placed
     bool prefill_outstanding = false;  // placed and prefill_done not yet called
+    std::optional<double> predicted_ttft;  // seconds from arrival, predicted at admission
+    int64_t local_tokens = 0;              // prefilled by its decode worker: its prompt, until done
+  };
+  // One way to prefill a request: on a prefill worker, or locally on its decode worker.
+  struct PrefillSite {
+    const WorkerSnapshot* worker = nullptr;  // null: none
+    bool local = false;
+    int64_t n_compute = 0;  // prompt tokens it would compute (less the expected prefix-cache hit)
+    std::shared_ptr<const std::vector<uint64_t>> prefix;  // the prompt's routing hashes there
+    std::optional<TtftPrediction> ttft;
   };
   // Queue order: priority descending, then arrival, then submission order.
   struct QueueKey {
@@ -177,12 +246,30 @@ class Scheduler {
   // `or_unreported`, that has not reported yet) prefills it itself.
   bool needs_prefill_worker(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                             bool or_unreported) const;
+  // The TTFT target that applies to `req` (0: none).
+  double slo_of(const PendingRequest& req) const;
+  // Prefill on `w` (a prefill worker, or decode worker `w` itself with `local`), predicted with
+  // `extra_ahead` tokens queued here ahead of it.
+  PrefillSite site_locked(const PendingRequest& req, const WorkerSnapshot& w, bool local, int64_t extra_ahead) const;
+  // The decode side's predicted wait for `req`'s blocks (0 when a worker has room now).
+  double decode_wait_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                            int64_t blocks_ahead, TimePoint now);
+  // With a TTFT target: refuses `req` (a non-OK status) when it is predicted to miss it on every
+  // placement; sets *predicted to the best prediction when there is one.
+  Status admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
+                             const std::vector<WorkerSnapshot>& prefill, TimePoint now, std::optional<double>* predicted,
+                             std::optional<SloRejection>* rejected);
+  // Whether a worker holding `site`'s predicted wait may be handed one more prompt now.
+  bool may_hand_over(const PendingRequest& req, const PrefillSite& site) const;
+  // Where `e`'s prompt should be prefilled, given decode worker `d` (nullopt: nowhere yet).
+  std::optional<PrefillSite> choose_prefill_locked(const Entry& e, const WorkerSnapshot& d,
+                                                   const std::vector<WorkerSnapshot>& prefill, TimePoint now) const;
   void fail_unservable_locked(TimePoint now, Actions& actions);
   void place_locked(TimePoint now, Actions& actions);
   // Removes a queued request and schedules on_failed(status).
   void fail_queued_locked(const std::string& id, Status status, Actions& actions);
   // Frees what a placed request holds and forgets it.
-  void release_placed_locked(const std::string& id);
+  void release_placed_locked(const std::string& id, TimePoint now);
   static void run(Actions& actions);
 
   const SchedulerConfig config_;
@@ -198,6 +285,13 @@ class Scheduler {
   std::set<QueueKey> queue_;
   int64_t queued_prompt_tokens_ = 0;
   uint64_t next_seq_ = 0;
+  TtftPredictor predictor_;
+  SchedulerEvents events_;
+  std::unordered_map<std::string, int64_t> local_outstanding_;  // decode address → local prompt tokens placed
+  // Decode blocks released here (finished requests), by worker: (when, blocks) of the last
+  // kReleaseWindow, for the decode side's wait.
+  std::unordered_map<std::string, std::vector<std::pair<TimePoint, int64_t>>> released_;
+  static constexpr std::chrono::seconds kReleaseWindow{10};
 };
 
 }  // namespace baton

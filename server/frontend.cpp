@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -57,6 +58,20 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
   BATON_RETURN_IF_ERROR(config.workers.validate());
   fe->registry_ = std::make_unique<WorkerRegistry>(config.registry, fe->clock_);
   fe->scheduler_ = std::make_unique<Scheduler>(config.scheduler, *fe->registry_, fe->clock_);
+  if (metrics != nullptr) {
+    const auto labels = Metrics::role_labels("frontend", config.name);
+    SchedulerEvents events;
+    events.ttft = [metrics, labels](double predicted, double actual) {
+      metrics->histogram(metrics->ttft_predicted_seconds, labels).Observe(predicted);
+      if (actual > 0) {
+        metrics->histogram(metrics->ttft_prediction_error_ratio, labels).Observe(std::abs(predicted - actual) / actual);
+      }
+    };
+    events.slo_rejected = [metrics](SloRejection reason) {
+      metrics->slo_rejections_total.Add({{"reason", slo_rejection_name(reason)}}).Increment();
+    };
+    fe->scheduler_->set_events(std::move(events));
+  }
   Frontend* raw = fe.get();
   if (config.pipeline.max_failovers < 0) return invalid_argument("max_failovers must be >= 0");
   BATON_RETURN_IF_ERROR(config.pipeline.progress.validate());

@@ -53,6 +53,7 @@ Result<ValidRequest> read_request(const v1::GenerateRequest& r, const ServedMode
   BATON_RETURN_IF_ERROR(b.stop({r.stop().begin(), r.stop().end()}));
   b.ignore_eos(r.ignore_eos());
   BATON_RETURN_IF_ERROR(b.priority(r.priority()));
+  BATON_RETURN_IF_ERROR(b.ttft_slo(r.ttft_slo_seconds(), "ttft_slo_seconds"));
   return std::move(b).build();
 }
 
@@ -140,6 +141,9 @@ void GenerateCall::emit_tokens(std::span<const int32_t> ids, const std::string& 
 // A failed request ends with its status at once: what is queued and not yet written is dropped.
 void GenerateCall::emit_end(const Status& status, const PipelineOutcome& o, const std::string& tail) {
   if (!status.ok()) {
+    if (status.retry_after_seconds() > 0) {
+      server_ctx_->AddTrailingMetadata("retry-after", std::to_string(status.retry_after_seconds()));
+    }
     out_->finish(to_grpc(status), Writer::Queued::kDrop);
     return;
   }

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <ctime>
 #include <memory>
@@ -215,7 +216,9 @@ void serve_completion(FrontendContext& fc, OpenAiEndpoint endpoint, const httpli
 void set_error_response(httplib::Response& res, const Status& status, int http_status) {
   const int code = http_status != 0 ? http_status : http_status_of(status.code());
   res.status = code;
-  if (code == 429 || code == 503) res.set_header("Retry-After", "1");
+  if (code == 429 || code == 503) {
+    res.set_header("Retry-After", std::to_string(std::max(1, status.retry_after_seconds())));
+  }
   res.set_content(error_body(code, status), "application/json");
 }
 

@@ -221,7 +221,7 @@ std::string param_of(const std::string& message) {
       "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
       "seed", "stop", "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "suffix",
       "presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "response_format", "priority",
-      "ignore_eos"};
+      "ignore_eos", "ttft_slo_seconds"};
   size_t n = 0;
   while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;
   const std::string word = message.substr(0, n);
@@ -341,6 +341,10 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (const Json* v = member(j, "priority")) {
     BATON_ASSIGN_OR_RETURN(const int32_t priority, as_int32(*v, "priority"));
     BATON_RETURN_IF_ERROR(b.priority(priority));
+  }
+  if (const Json* v = member(j, "ttft_slo_seconds")) {
+    BATON_ASSIGN_OR_RETURN(const double seconds, as_number(*v, "ttft_slo_seconds"));
+    BATON_RETURN_IF_ERROR(b.ttft_slo(seconds, "ttft_slo_seconds"));
   }
   BATON_ASSIGN_OR_RETURN(req.request, std::move(b).build());
   return req;

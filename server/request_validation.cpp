@@ -161,6 +161,16 @@ Status RequestBuilder::priority(int32_t priority) {
   return {};
 }
 
+Status RequestBuilder::ttft_slo(double seconds, std::string_view field) {
+  if (!(seconds >= 0 && seconds <= kMaxTtftSloSeconds)) {
+    return invalid_argument(std::string(field) + " must be a number of seconds in [0, " +
+                            std::to_string(static_cast<int>(kMaxTtftSloSeconds)) + "] (0: the server's target), got " +
+                            std::to_string(seconds));
+  }
+  valid_.pipeline.ttft_slo_seconds = seconds;
+  return {};
+}
+
 Result<ValidRequest> RequestBuilder::build() && {
   PipelineRequest& spec = valid_.pipeline;
   if (!has_prompt_) return invalid_argument("the prompt is empty: set one of prompt, prompt_token_ids or messages");

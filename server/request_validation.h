@@ -58,6 +58,8 @@ std::string quote_input(const std::string& s);
 
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;
+// The longest TTFT target a request may ask for (seconds).
+inline constexpr double kMaxTtftSloSeconds = 3600;
 
 // One request's fields, checked as they arrive. Each call returns the error for its field (the
 // surface stops there); `field` arguments are the surface's own name for the field, so that
@@ -86,6 +88,8 @@ class RequestBuilder {
   void ignore_eos(bool ignore) { valid_.pipeline.ignore_eos = ignore; }
   // In [-kPriorityBound, kPriorityBound], and at most the caller's bound.
   Status priority(int32_t priority);
+  // The request's own TTFT target: in [0, 3600] seconds (0: the server's). `field` names it.
+  Status ttft_slo(double seconds, std::string_view field);
 
   Result<ValidRequest> build() &&;
 

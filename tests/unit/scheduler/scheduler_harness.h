@@ -76,6 +76,11 @@ struct Harness {
     r.priority = priority;
     r.arrival = clock.now();
     if (deadline_in.has_value()) r.deadline = clock.now() + *deadline_in;
+    return submit(std::move(r));
+  }
+  // Submits `r` as it is, recording its callbacks.
+  Status submit(PendingRequest r) {
+    const std::string id = r.id;
     return sched.submit(
         std::move(r),
         [this, id](const Placement& p) {
