@@ -1,5 +1,6 @@
 #include "client/bench_command.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +29,8 @@ struct BenchArgs {
   double rate = 0;
   int max_in_flight = 256;
   int prompt_tokens = 128;
+  int long_prompt_tokens = 0;
+  double long_fraction = 0;
   int output_tokens = 64;
   int conversations = 8;
   int turns = 4;
@@ -86,11 +89,12 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
   const bool chat = a.workload == "chat";
   const ChatWorkloadConfig chat_config{a.conversations,     a.turns, a.system_prompt_tokens, a.prompt_tokens,
                                        model->vocab_size(), a.seed};
-  const int64_t longest_prompt = chat ? chat_longest_prompt(chat_config, a.output_tokens) : a.prompt_tokens;
+  const int64_t longest_prompt =
+      chat ? chat_longest_prompt(chat_config, a.output_tokens) : std::max(a.prompt_tokens, a.long_prompt_tokens);
   if (model->context_length() > 0 && longest_prompt + a.output_tokens > model->context_length()) {
     const std::string what = chat ? "the last chat turn's prompt (--system-prompt-tokens + --turns x --prompt-tokens + "
                                     "(--turns - 1) x --output-tokens) + --output-tokens"
-                                  : "--prompt-tokens + --output-tokens";
+                                  : "the longest of --prompt-tokens and --long-prompt-tokens, + --output-tokens";
     return fail(kExitUsage, what + " = " + std::to_string(longest_prompt + a.output_tokens) +
                                 " exceeds the context of model '" + model->name() + "' (" +
                                 std::to_string(model->context_length()) + ")");
@@ -112,7 +116,8 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
   std::unique_ptr<Workload> workload =
       chat ? make_chat_workload(chat_config)
            : make_random_workload(RandomWorkloadConfig{a.duration > 0 ? -1 : a.n_requests, a.prompt_tokens,
-                                                       model->vocab_size(), a.seed});
+                                                       model->vocab_size(), a.seed, a.long_prompt_tokens,
+                                                       a.long_fraction});
   load.duration = a.duration;
   LoadRunner runner(stub.get(), a.timeout, a.connection);
   interrupts.on_interrupt([&runner] { runner.cancel_all(); });
@@ -131,6 +136,8 @@ int run_bench(const BenchArgs& a, InterruptWatcher& interrupts) {
   config.rate = a.rate;
   config.max_in_flight = a.rate > 0 ? a.max_in_flight : 0;
   config.prompt_tokens = a.prompt_tokens;
+  config.long_prompt_tokens = chat ? 0 : a.long_prompt_tokens;
+  config.long_fraction = chat ? 0 : a.long_fraction;
   config.output_tokens = a.output_tokens;
   if (chat) {
     config.conversations = a.conversations;
@@ -200,6 +207,13 @@ void add_bench_command(CLI::App& app, std::function<int(InterruptWatcher&)>* run
   b->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length (random ids); chat: each user message")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  auto* long_prompt = b->add_option("--long-prompt-tokens", a->long_prompt_tokens,
+                                    "Random: a mixed workload, some prompts this long (see --long-fraction)")
+                          ->check(CLI::PositiveNumber);
+  b->add_option("--long-fraction", a->long_fraction,
+                "Random: the share of prompts --long-prompt-tokens long (drawn per request from --seed)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(long_prompt);
   b->add_option("--output-tokens", a->output_tokens, "Tokens generated per request (ignore_eos)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

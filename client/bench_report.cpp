@@ -147,8 +147,11 @@ std::string format_report(const BenchReport& r) {
         format("  requests for %.1f s (%d sent) of %d prompt + %d output tokens, %d warm-up, seed %llu\n", c.duration,
                c.n_requests, c.prompt_tokens, c.output_tokens, c.warmup, static_cast<unsigned long long>(c.seed));
   } else {
-    out += format("  %d requests of %d prompt + %d output tokens, %d warm-up, seed %llu\n", c.n_requests,
-                  c.prompt_tokens, c.output_tokens, c.warmup, static_cast<unsigned long long>(c.seed));
+    const std::string prompt = c.long_prompt_tokens > 0 ? format("%d (%.0f %% of them %d)", c.prompt_tokens,
+                                                                  100 * c.long_fraction, c.long_prompt_tokens)
+                                                         : format("%d", c.prompt_tokens);
+    out += format("  %d requests of %s prompt + %d output tokens, %d warm-up, seed %llu\n", c.n_requests,
+                  prompt.c_str(), c.output_tokens, c.warmup, static_cast<unsigned long long>(c.seed));
   }
   out += format("%-22s%d ok, %d failed", "requests", r.n_ok, r.n_failed);
   if (r.n_failed > 0) {
@@ -223,6 +226,8 @@ nlohmann::ordered_json report_to_json(const BenchReport& r) {
       {"rate", c.rate},
       {"max_in_flight", c.max_in_flight},
       {"prompt_tokens", c.prompt_tokens},
+      {"long_prompt_tokens", c.long_prompt_tokens},
+      {"long_fraction", c.long_fraction},
       {"output_tokens", c.output_tokens},
       {"seed", c.seed},
       {"warmup", c.warmup},

@@ -25,6 +25,8 @@ struct BenchConfig {
   double rate = 0;                  // open loop: Poisson arrivals (chat: of conversations) per second
   int max_in_flight = 0;            // --rate mode: bound on requests in flight
   int prompt_tokens = 0;            // random: per request; chat: per user message
+  int long_prompt_tokens = 0;       // random, mixed: the long prompts' length (0: none)
+  double long_fraction = 0;         // random, mixed: their share
   int output_tokens = 0;            // per request (ignore_eos, so exactly this many)
   int conversations = 0;            // chat
   int turns = 0;                    // chat: per conversation

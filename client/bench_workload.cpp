@@ -1,5 +1,7 @@
 #include "client/bench_workload.h"
 
+#include <random>
+
 #include "common/check.h"
 
 namespace baton::ctl {
@@ -26,7 +28,11 @@ class RandomWorkload final : public Workload {
     if (c_.n_requests >= 0 && n_started_ >= c_.n_requests) return std::nullopt;
     WorkloadTurn t;
     t.conversation = n_started_++;
-    append_random_ids(&t.prompt_ids, c_.prompt_tokens, c_.vocab_size, rng_);
+    int n = c_.prompt_tokens;
+    if (c_.long_prompt_tokens > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < c_.long_fraction) {
+      n = c_.long_prompt_tokens;
+    }
+    append_random_ids(&t.prompt_ids, n, c_.vocab_size, rng_);
     return t;
   }
 

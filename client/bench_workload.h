@@ -46,6 +46,10 @@ struct RandomWorkloadConfig {
   int prompt_tokens = 0;
   int vocab_size = 0;  // > kMinPromptId
   uint64_t seed = 0;
+  // A mixed workload: each prompt is long_prompt_tokens long with probability long_fraction
+  // (drawn from the same seeded stream), else prompt_tokens. 0: every prompt prompt_tokens.
+  int long_prompt_tokens = 0;
+  double long_fraction = 0;
 };
 std::unique_ptr<Workload> make_random_workload(const RandomWorkloadConfig& config);
 

@@ -3,7 +3,9 @@
 // order of conversations with random answers; the random workload's counts and id range.
 #include "client/bench_workload.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -129,6 +131,26 @@ TEST_CASE("random workload: n one-turn requests of prompt_tokens ids from kMinPr
   CHECK(!w->start_conversation());
   auto unbounded = make_random_workload(RandomWorkloadConfig{-1, 3, vocab, 1});
   for (int i = 0; i < 1000; ++i) REQUIRE(unbounded->start_conversation());
+}
+
+TEST_CASE("random workload, mixed: a share of the prompts long, drawn from the seed") {
+  std::mt19937_64 rng(std::random_device{}());
+  const double fraction = std::uniform_real_distribution<double>(0.1, 0.9)(rng);
+  const uint64_t seed = rng();
+  const auto lengths = [&] {
+    auto w = make_random_workload(RandomWorkloadConfig{2000, 16, 1000, seed, 200, fraction});
+    std::vector<size_t> out;
+    while (auto t = w->start_conversation()) out.push_back(t->prompt_ids.size());
+    return out;
+  };
+  const std::vector<size_t> a = lengths();
+  REQUIRE(a.size() == 2000);
+  const auto n_long = std::count(a.begin(), a.end(), size_t{200});
+  CHECK(std::count(a.begin(), a.end(), size_t{16}) + n_long == 2000);
+  // Binomial(2000, f): within 5 standard deviations.
+  const double sd = std::sqrt(2000 * fraction * (1 - fraction));
+  CHECK(std::abs(static_cast<double>(n_long) - 2000 * fraction) < 5 * sd);
+  CHECK(lengths() == a);  // the same seed, the same mix
 }
 
 }  // namespace
