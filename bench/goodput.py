@@ -177,6 +177,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1, help="the first rate's prompts; rate i uses seed + i")
     ap.add_argument("--extra", default="", help="more `baton local` flags for every configuration")
     ap.add_argument("--plot", help="SVG to write")
+    ap.add_argument("--save", help="write every point's results to this JSON file")
+    ap.add_argument("--reuse", help="a --save file of an earlier run (same flags): its points of configurations "
+                                    "not in --configs join the table and the plot")
     a = ap.parse_args()
     model = a.model or subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
                                       text=True).stdout.strip().splitlines()[-1]
@@ -190,6 +193,16 @@ def main():
                 finally:
                     srv.stop()
                 print(f"  {rate:g} req/s {name}: {results[name][rate]}", file=sys.stderr, flush=True)
+    if a.save:
+        Path(a.save).write_text(json.dumps({n: {str(r): v for r, v in by.items()} for n, by in results.items()},
+                                           indent=1) + "\n")
+    configs = list(a.configs)
+    if a.reuse:
+        for name, by_rate in json.loads(Path(a.reuse).read_text()).items():
+            if name not in results:
+                results[name] = {float(r): v for r, v in by_rate.items()}
+        configs = [c for c in ALL_CONFIGS if c in results]
+        results = {c: results[c] for c in configs}
     workload = (f"{a.prompt_tokens} ({100 * a.long_fraction:.0f} % of them {a.long_prompt_tokens})"
                 if a.long_prompt_tokens else f"{a.prompt_tokens}")
     print(f"{a.requests} requests per point, {workload}+{a.output_tokens} tokens, Poisson arrivals; SLO: "
@@ -199,7 +212,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
     for rate in a.rates:
-        for name in a.configs:
+        for name in configs:
             r = results[name][rate]
             print(f"| {rate:g} | {name} | {r['goodput']:.2f} | {100 * r['attainment']:.0f} % "
                   f"({100 * r['admitted_attainment']:.0f} %) | {r['throughput']:.2f} | "

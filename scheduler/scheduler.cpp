@@ -414,7 +414,9 @@ void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
   BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
   const Entry& e = it->second;
   registry_.release_decode(e.placement.decode_address, id);
-  released_[e.placement.decode_address].emplace_back(now, e.placement.decode_blocks);
+  auto& log = released_[e.placement.decode_address];
+  log.emplace_back(now, e.placement.decode_blocks);
+  while (now - log.front().first > kReleaseWindow) log.pop_front();
   if (e.local_tokens > 0) {
     local_outstanding_[e.placement.decode_address] -= e.local_tokens;
   } else if (e.prefill_outstanding) {
@@ -440,17 +442,20 @@ Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const W
   TtftPredictor::Ahead ahead;
   ahead.report_age_seconds = std::chrono::duration<double>(clock_.now() - w.last_report_at).count();
   ahead.other = extra_ahead;
+  // A worker not measured yet is taken to compute as fast as the fastest measured one (the same
+  // model on a like core), so that each side of the adaptive choice gets tried.
   double prior = 0;
+  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    for (const auto& o : registry_.snapshot(role)) {
+      if (o.address != w.address) prior = std::max(prior, predictor_.rate(o, req.n_prompt_tokens));
+    }
+  }
   if (local) {
     // Local prompts placed here are counted until their first token, the report's only as reported.
     const auto it = local_outstanding_.find(w.address);
     const int64_t placed = it == local_outstanding_.end() ? 0 : it->second;
     ahead.reported = std::max<int64_t>(w.load.queued_prompt_tokens - placed, 0);
     ahead.other += placed;
-    // Until this decode worker has prefilled, it is taken to compute as fast as a prefill worker.
-    for (const auto& p : registry_.snapshot(WorkerRole::kPrefill)) {
-      prior = std::max(prior, predictor_.rate(p, req.n_prompt_tokens));
-    }
   } else {
     std::span<const int32_t> tokens;
     if (req.tokens) tokens = *req.tokens;
@@ -474,7 +479,7 @@ double Scheduler::decode_wait_locked(const PendingRequest& req, const std::vecto
     const int64_t shortfall = blocks_for(req.n_total_tokens + tokens_ahead, d.load.block_size) - d.available_blocks();
     if (shortfall <= 0) return 0;
     auto& log = released_[d.address];
-    std::erase_if(log, [&](const auto& r) { return now - r.first > kReleaseWindow; });
+    while (!log.empty() && now - log.front().first > kReleaseWindow) log.pop_front();
     int64_t freed = 0;
     for (const auto& r : log) freed += r.second;
     if (freed > 0) {
@@ -512,12 +517,21 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
   if (n_sites == 0) return {};  // nothing to place on: the queue's own rules apply
   // The prompts queued here ahead spread over the placements.
   const int64_t extra = prompt_ahead / static_cast<int64_t>(n_sites);
-  std::optional<PrefillSite> best;
-  for (bool is_local : {true, false}) {
-    for (const WorkerSnapshot* w : is_local ? local : remote) {
-      PrefillSite site = site_locked(req, *w, is_local, extra);
-      if (site.ttft && (!best || site.ttft->seconds() < best->ttft->seconds())) best = std::move(site);
+  std::optional<PrefillSite> best, best_remote;
+  for (const WorkerSnapshot* w : remote) {
+    PrefillSite site = site_locked(req, *w, /*local=*/false, extra);
+    if (site.ttft && (!best_remote || site.ttft->seconds() < best_remote->ttft->seconds())) best_remote = site;
+  }
+  best = best_remote;
+  for (const WorkerSnapshot* w : local) {
+    PrefillSite site = site_locked(req, *w, /*local=*/true, extra);
+    if (!site.ttft) continue;
+    // Adaptive: a decode worker counts only where the choice could take it (worth its cost).
+    if (config_.prefill_choice == PrefillChoice::kAdaptive && best_remote &&
+        !local_worth_it(*w, *site.ttft, *best_remote->ttft)) {
+      continue;
     }
+    if (!best || site.ttft->seconds() < best->ttft->seconds()) best = std::move(site);
   }
   if (!best) return {};  // no rate measured yet: nothing to predict by
   const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
@@ -572,22 +586,18 @@ std::optional<Scheduler::PrefillSite> Scheduler::choose_prefill_locked(const Ent
       remote = site_locked(req, *pw, /*local=*/false, 0);
     }
   }
-  std::optional<PrefillSite>* first = local ? &local : &remote;  // the static rule's choice
+  std::optional<PrefillSite>* first = local ? &local : &remote;  // the static rule's
   std::optional<PrefillSite>* second = local ? &remote : &local;
   if (adaptive && local && remote) {
     const auto& l = local->ttft;
     const auto& r = remote->ttft;
-    bool prefer_local = true;
+    bool prefer_local = false;  // nothing measured yet: disaggregated
     if (l && r) {
+      const bool worth_it = local_worth_it(d, *l, *r);
       const double slo = slo_of(req);
       const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
-      if (slo > 0) {
-        prefer_local = !(elapsed + r->seconds() <= slo) && (elapsed + l->seconds() <= slo || l->seconds() < r->seconds());
-      } else {
-        const int64_t n_running = d.load.n_running + d.n_unreported_requests;
-        const double cost = config_.local_prefill_itl_weight * static_cast<double>(n_running) * l->compute_seconds;
-        prefer_local = r->seconds() - l->seconds() > cost;
-      }
+      // With a target, only to meet it: the prefill worker while it is predicted to.
+      prefer_local = worth_it && (slo <= 0 || (elapsed + r->seconds() > slo && elapsed + l->seconds() <= slo));
     } else if (l || r) {
       prefer_local = l.has_value();
     }
@@ -595,8 +605,23 @@ std::optional<Scheduler::PrefillSite> Scheduler::choose_prefill_locked(const Ent
     second = prefer_local ? &remote : &local;
   }
   if (*first && may_hand_over(req, **first)) return std::move(*first);
-  if (adaptive && *second && may_hand_over(req, **second)) return std::move(*second);
+  // The first is held: the other, if it is one the rule could have chosen (the decode worker only
+  // when worth its cost to the batch).
+  if (adaptive && *second && may_hand_over(req, **second)) {
+    const bool other_ok = !(*second)->local || !remote || !remote->ttft || !local->ttft ||
+                          local_worth_it(d, *local->ttft, *remote->ttft);
+    if (other_ok) return std::move(*second);
+  }
   return std::nullopt;
+}
+
+bool Scheduler::local_worth_it(const WorkerSnapshot& d, const TtftPrediction& local,
+                               const TtftPrediction& remote) const {
+  // The TTFT local prefill saves against the time it adds to the decode batch: each running
+  // sequence waits for its compute.
+  const int64_t n_running = d.load.n_running + d.n_unreported_requests;
+  const double cost = config_.local_prefill_itl_weight * static_cast<double>(n_running) * local.compute_seconds;
+  return remote.seconds() - local.seconds() > cost;
 }
 
 void Scheduler::run(Actions& actions) {

@@ -30,12 +30,12 @@
 // local_prefill_max_tokens on its decode worker (when the worker takes prompts that long) and
 // every other on a prefill worker: 0 is disaggregated, a large N with no prefill workers is
 // colocated. kAdaptive chooses per request between the decode worker (up to the same bound) and
-// the prefill worker PrefillPlacement picks, by TtftPredictor's TTFT each way: with a TTFT target,
-// the prefill worker while it is predicted to meet the target, else the decode worker if that is,
-// else the sooner; without one, the decode worker when the TTFT it saves is more than
-// local_prefill_itl_weight × the time it adds to the decode batch (its running sequences each
-// wait for the local prefill's compute). A side whose rate is not measured yet is not chosen
-// over one that is; with neither measured, the static rule decides.
+// the prefill worker PrefillPlacement picks, by TtftPredictor's TTFT each way: the decode worker
+// when the TTFT it saves is more than local_prefill_itl_weight × the time it adds to the decode
+// batch (its running sequences each wait for the local prefill's compute), and, with a TTFT
+// target, only when the prefill worker is predicted to miss the target and the decode worker to
+// meet it. A worker not measured yet is predicted at the fastest
+// measured worker's rate (so each side gets tried); with nothing measured, the prefill worker.
 //
 // Admission to a TTFT target (ttft_slo_seconds, or the request's own, whichever is tighter): at
 // submit, the TTFT is predicted on every placement: the decode side's wait for KV blocks (none
@@ -57,6 +57,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -259,6 +260,8 @@ class Scheduler {
   Status admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                              const std::vector<WorkerSnapshot>& prefill, TimePoint now, std::optional<double>* predicted,
                              std::optional<SloRejection>* rejected);
+  // Adaptive: whether prefilling on decode worker `d` saves more TTFT than it costs its batch.
+  bool local_worth_it(const WorkerSnapshot& d, const TtftPrediction& local, const TtftPrediction& remote) const;
   // Whether a worker holding `site`'s predicted wait may be handed one more prompt now.
   bool may_hand_over(const PendingRequest& req, const PrefillSite& site) const;
   // Where `e`'s prompt should be prefilled, given decode worker `d` (nullopt: nowhere yet).
@@ -290,7 +293,7 @@ class Scheduler {
   std::unordered_map<std::string, int64_t> local_outstanding_;  // decode address → local prompt tokens placed
   // Decode blocks released here (finished requests), by worker: (when, blocks) of the last
   // kReleaseWindow, for the decode side's wait.
-  std::unordered_map<std::string, std::vector<std::pair<TimePoint, int64_t>>> released_;
+  std::unordered_map<std::string, std::deque<std::pair<TimePoint, int64_t>>> released_;
   static constexpr std::chrono::seconds kReleaseWindow{10};
 };
 

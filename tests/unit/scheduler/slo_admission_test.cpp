@@ -274,7 +274,8 @@ TEST_CASE("adaptive placement: the decode worker prefills when it saves more TTF
     CHECK(z.placed["a"].prefill_address.empty());
   }
   {
-    // With a target: the prefill worker while it meets it, whatever the batch; else local.
+    // With a target: the prefill worker while it meets it, even with an idle decode batch; local
+    // when it misses and the decode worker meets it, at a cost the saving outweighs.
     SchedulerConfig slo = cfg;
     slo.ttft_slo_seconds = 1.0;
     Harness h(slo);
@@ -285,6 +286,16 @@ TEST_CASE("adaptive placement: the decode worker prefills when it saves more TTF
     report(h, kPrefill, "p:1", prefill_load(5000, 1000));
     REQUIRE(h.submit(request(h, "late", 100, 4)).ok());
     CHECK(h.placed["late"].prefill_address.empty());
+    Harness idle(slo);
+    report(idle, kDecode, "d:1", decode_load(1000, 0, 1000, 1 << 20));
+    report(idle, kPrefill, "p:1", prefill_load(200, 1000));
+    REQUIRE(idle.submit(request(idle, "meets", 100, 4)).ok());
+    CHECK(idle.placed["meets"].prefill_address == "p:1");
+    // Missing on the prefill worker, but 80 running sequences × 0.1 s outweigh the 5 s saved.
+    Harness busy(slo);
+    report(busy, kDecode, "d:1", decode_load(1000, 80, 1000, 1 << 20));
+    report(busy, kPrefill, "p:1", prefill_load(5000, 1000));
+    CHECK(busy.submit(request(busy, "late", 100, 4)).code() == StatusCode::kResourceExhausted);
     // Static placement with the same workers would have been refused: only the prefill worker.
     SchedulerConfig fixed_slo = slo;
     fixed_slo.prefill_choice = PrefillChoice::kStatic;
