@@ -210,7 +210,7 @@ TEST_CASE("slo admission: no room for the KV and none freed lately is refused na
   CHECK(h.submit(request(h, "x", 100, 4)).ok());
 }
 
-TEST_CASE("slo admission: without a target nothing is refused or held; a request's own target applies, the tighter",
+TEST_CASE("slo admission: without a target nothing is refused or held, but a request's own target applies (the tighter)",
           "[scheduler][slo]") {
   {
     Harness h;
