@@ -70,6 +70,10 @@ Result<std::unique_ptr<Frontend>> Frontend::create(FrontendConfig config, Metric
     events.slo_rejected = [metrics](SloRejection reason) {
       metrics->slo_rejections_total.Add({{"reason", slo_rejection_name(reason)}}).Increment();
     };
+    // Both reasons from the start, at 0: a rate() over them is 0, not "no data", before the first.
+    for (SloRejection r : {SloRejection::kPrefillQueue, SloRejection::kDecodeKv}) {
+      metrics->slo_rejections_total.Add({{"reason", slo_rejection_name(r)}});
+    }
     fe->scheduler_->set_events(std::move(events));
   }
   Frontend* raw = fe.get();

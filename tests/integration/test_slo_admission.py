@@ -43,7 +43,7 @@ def test_a_request_predicted_late_is_refused_with_the_side_and_a_retry_after(pb,
     assert "prefill queue" in err["message"]
 
     rejected = metric_values(srv.metrics(), "baton_slo_rejections_total")
-    assert rejected == {'{reason="prefill_queue"}': 2.0}
+    assert rejected == {'{reason="prefill_queue"}': 2.0, '{reason="decode_kv"}': 0.0}  # both from the start
 
 
 def test_the_requests_own_target_applies_and_is_validated(pb, test_model, server_factory, rng):
