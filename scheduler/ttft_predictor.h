@@ -11,12 +11,13 @@
 //   rate(W, n)   the EWMA of (computed tokens / prefill seconds) of W's recent prompts in n's
 //                length bucket (powers of two: attention makes long prompts slower per token),
 //                else of its nearest measured bucket, else W's reported prefill_tokens_per_second,
+//                else the caller's prior (the scheduler's: the fastest measured worker's rate),
 //                else unknown (no prediction: the request is admitted, and nothing is recorded).
 //   throughput(W) the prompt tokens per second W's steps compute, as W reports it (several
 //                prompts share a step), else the EWMA of rate(W, ·) over every length.
 // The KV hand-off is not in the TTFT (the first token is sent before the KV moves), and neither
 // is decode: a request waits for decode KV only when no decode worker has its blocks, which the
-// scheduler checks (decode_wait_seconds).
+// scheduler predicts apart (Scheduler::decode_wait_locked).
 // Thread-safe.
 #pragma once
 
