@@ -356,7 +356,7 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
       BATON_CHECK(w != nullptr, "decode policy picked %s, which is not in the snapshot", d->c_str());
     }
     std::optional<PrefillSite> site;
-    if (w != nullptr) site = choose_prefill_locked(e, *w, prefill, now);
+    if (w != nullptr) site = choose_prefill_locked(e, *w, decode, prefill, now);
     bool placed = false;
     if (site.has_value()) {
       const std::string d = w->address;
@@ -414,9 +414,7 @@ void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
   BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
   const Entry& e = it->second;
   registry_.release_decode(e.placement.decode_address, id);
-  auto& log = released_[e.placement.decode_address];
-  log.emplace_back(now, e.placement.decode_blocks);
-  while (now - log.front().first > kReleaseWindow) log.pop_front();
+  released_log_locked(e.placement.decode_address, now).emplace_back(now, e.placement.decode_blocks);
   if (e.local_tokens > 0) {
     local_outstanding_[e.placement.decode_address] -= e.local_tokens;
   } else if (e.prefill_outstanding) {
@@ -426,6 +424,13 @@ void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
   requests_.erase(it);
 }
 
+std::deque<std::pair<TimePoint, int64_t>>& Scheduler::released_log_locked(const std::string& decode_address,
+                                                                            TimePoint now) {
+  auto& log = released_[decode_address];
+  while (!log.empty() && now - log.front().first > kReleaseWindow) log.pop_front();
+  return log;
+}
+
 double Scheduler::slo_of(const PendingRequest& req) const {
   const double server = config_.ttft_slo_seconds;
   const double own = req.ttft_slo_seconds;
@@ -433,8 +438,17 @@ double Scheduler::slo_of(const PendingRequest& req) const {
   return std::max(server, own);
 }
 
+double Scheduler::prior_rate(const std::vector<WorkerSnapshot>& decode, const std::vector<WorkerSnapshot>& prefill,
+                             int64_t n_prompt_tokens) const {
+  double prior = 0;
+  for (const auto* workers : {&decode, &prefill}) {
+    for (const auto& o : *workers) prior = std::max(prior, predictor_.rate(o, n_prompt_tokens));
+  }
+  return prior;
+}
+
 Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const WorkerSnapshot& w, bool local,
-                                              int64_t extra_ahead) const {
+                                              int64_t extra_ahead, double prior) const {
   PrefillSite site;
   site.worker = &w;
   site.local = local;
@@ -442,14 +456,6 @@ Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const W
   TtftPredictor::Ahead ahead;
   ahead.report_age_seconds = std::chrono::duration<double>(clock_.now() - w.last_report_at).count();
   ahead.other = extra_ahead;
-  // A worker not measured yet is taken to compute as fast as the fastest measured one (the same
-  // model on a like core), so that each side of the adaptive choice gets tried.
-  double prior = 0;
-  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
-    for (const auto& o : registry_.snapshot(role)) {
-      if (o.address != w.address) prior = std::max(prior, predictor_.rate(o, req.n_prompt_tokens));
-    }
-  }
   if (local) {
     // Local prompts placed here are counted until their first token, the report's only as reported.
     const auto it = local_outstanding_.find(w.address);
@@ -478,10 +484,8 @@ double Scheduler::decode_wait_locked(const PendingRequest& req, const std::vecto
     any = true;
     const int64_t shortfall = blocks_for(req.n_total_tokens + tokens_ahead, d.load.block_size) - d.available_blocks();
     if (shortfall <= 0) return 0;
-    auto& log = released_[d.address];
-    while (!log.empty() && now - log.front().first > kReleaseWindow) log.pop_front();
     int64_t freed = 0;
-    for (const auto& r : log) freed += r.second;
+    for (const auto& r : released_log_locked(d.address, now)) freed += r.second;
     if (freed > 0) {
       const double rate = static_cast<double>(freed) / std::chrono::duration<double>(kReleaseWindow).count();
       best = std::min(best, static_cast<double>(shortfall) / rate);
@@ -517,14 +521,15 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
   if (n_sites == 0) return {};  // nothing to place on: the queue's own rules apply
   // The prompts queued here ahead spread over the placements.
   const int64_t extra = prompt_ahead / static_cast<int64_t>(n_sites);
+  const double prior = prior_rate(decode, prefill, req.n_prompt_tokens);
   std::optional<PrefillSite> best, best_remote;
   for (const WorkerSnapshot* w : remote) {
-    PrefillSite site = site_locked(req, *w, /*local=*/false, extra);
+    PrefillSite site = site_locked(req, *w, /*local=*/false, extra, prior);
     if (site.ttft && (!best_remote || site.ttft->seconds() < best_remote->ttft->seconds())) best_remote = site;
   }
   best = best_remote;
   for (const WorkerSnapshot* w : local) {
-    PrefillSite site = site_locked(req, *w, /*local=*/true, extra);
+    PrefillSite site = site_locked(req, *w, /*local=*/true, extra, prior);
     if (!site.ttft) continue;
     // Adaptive: a decode worker counts only where the choice could take it (worth its cost).
     if (config_.prefill_choice == PrefillChoice::kAdaptive && best_remote &&
@@ -573,17 +578,19 @@ bool Scheduler::may_hand_over(const PendingRequest& req, const PrefillSite& site
 }
 
 std::optional<Scheduler::PrefillSite> Scheduler::choose_prefill_locked(const Entry& e, const WorkerSnapshot& d,
+                                                                       const std::vector<WorkerSnapshot>& decode,
                                                                        const std::vector<WorkerSnapshot>& prefill,
                                                                        TimePoint now) const {
   const PendingRequest& req = e.req;
   const bool adaptive = config_.prefill_choice == PrefillChoice::kAdaptive;
+  const double prior = prior_rate(decode, prefill, req.n_prompt_tokens);
   std::optional<PrefillSite> local, remote;
-  if (local_on(req, d)) local = site_locked(req, d, /*local=*/true, 0);
+  if (local_on(req, d)) local = site_locked(req, d, /*local=*/true, 0, prior);
   if (!local || adaptive) {
     if (auto p = pick_avoiding(*prefill_policy_, prefill, req.avoid_prefill, placement_request(req))) {
       const WorkerSnapshot* pw = find_worker(prefill, *p);
       BATON_CHECK(pw != nullptr, "prefill policy picked %s, which is not in the snapshot", p->c_str());
-      remote = site_locked(req, *pw, /*local=*/false, 0);
+      remote = site_locked(req, *pw, /*local=*/false, 0, prior);
     }
   }
   std::optional<PrefillSite>* first = local ? &local : &remote;  // the static rule's

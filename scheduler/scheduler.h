@@ -247,11 +247,18 @@ class Scheduler {
   // `or_unreported`, that has not reported yet) prefills it itself.
   bool needs_prefill_worker(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                             bool or_unreported) const;
+  // The blocks released on `decode_address` in the last kReleaseWindow before `now` (older ones dropped).
+  std::deque<std::pair<TimePoint, int64_t>>& released_log_locked(const std::string& decode_address, TimePoint now);
   // The TTFT target that applies to `req` (0: none).
   double slo_of(const PendingRequest& req) const;
+  // The rate a worker not measured yet is predicted at: the fastest measured one's for prompts
+  // this long (the same model on a like core), so that each side of the adaptive choice gets tried.
+  double prior_rate(const std::vector<WorkerSnapshot>& decode, const std::vector<WorkerSnapshot>& prefill,
+                    int64_t n_prompt_tokens) const;
   // Prefill on `w` (a prefill worker, or decode worker `w` itself with `local`), predicted with
-  // `extra_ahead` tokens queued here ahead of it.
-  PrefillSite site_locked(const PendingRequest& req, const WorkerSnapshot& w, bool local, int64_t extra_ahead) const;
+  // `extra_ahead` tokens queued here ahead of it, and `prior` (prior_rate) if `w` is not measured.
+  PrefillSite site_locked(const PendingRequest& req, const WorkerSnapshot& w, bool local, int64_t extra_ahead,
+                          double prior) const;
   // The decode side's predicted wait for `req`'s blocks (0 when a worker has room now).
   double decode_wait_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                             int64_t blocks_ahead, TimePoint now);
@@ -266,6 +273,7 @@ class Scheduler {
   bool may_hand_over(const PendingRequest& req, const PrefillSite& site) const;
   // Where `e`'s prompt should be prefilled, given decode worker `d` (nullopt: nowhere yet).
   std::optional<PrefillSite> choose_prefill_locked(const Entry& e, const WorkerSnapshot& d,
+                                                   const std::vector<WorkerSnapshot>& decode,
                                                    const std::vector<WorkerSnapshot>& prefill, TimePoint now) const;
   void fail_unservable_locked(TimePoint now, Actions& actions);
   void place_locked(TimePoint now, Actions& actions);
