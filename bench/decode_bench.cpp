@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       pool.grow_to(tables[s], context);
       StepBatch batch;
       batch.add(prompt, 0, tables[s], Logits::kLast);
-      (*model)->forward_sample(batch, *cache, std::span(&greedy, 1), &tokens);
+      (*model)->forward_sample(batch, *cache, std::span(&greedy, 1), {}, &tokens, nullptr);
       last[s] = tokens[0];
     }
     reset_op_profile();  // BATON_PROFILE: the decode steps only (the last batch size's)
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
         batch.add(std::span(&last[s], 1), pos, tables[s], Logits::kLast);
       }
       const double t0 = now();
-      (*model)->forward_sample(batch, *cache, specs, &tokens);
+      (*model)->forward_sample(batch, *cache, specs, {}, &tokens, nullptr);
       times.push_back(now() - t0);
       for (int s = 0; s < b; ++s) last[s] = tokens[s];
     }

@@ -109,6 +109,7 @@ Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
   if (local) {
     seq->state = SeqState::kPrefilling;
     prefilling_.push_back(seq);
+    seq->set_sampler_history(r.prefill_tokens);
   }
   update_gauges_locked();
   if (r.deadline || local) work_ = true;  // the engine thread re-arms its timer, or prefills
@@ -214,6 +215,7 @@ void DecodeEngine::run() {
   }
   std::vector<SeqPtr> batch;
   std::vector<int32_t> sampled;
+  std::vector<TokenLogprobs> sampled_logprobs;
   std::vector<Delivery> deliveries;
   std::unique_lock lk(mu_);
   while (true) {
@@ -263,7 +265,7 @@ void DecodeEngine::run() {
       }
     }
     lk.unlock();
-    step(batch, prefills, &sampled);
+    step(batch, prefills, &sampled, &sampled_logprobs);
     lk.lock();
     const auto step_end = DecodeClock::now();
     int64_t step_prompt_tokens = 0;
@@ -275,7 +277,10 @@ void DecodeEngine::run() {
     for (const PrefillSlice& p : prefills) {
       Sequence& s = *p.seq;
       s.n_prefilled = p.start + p.n;
-      if (s.n_prefilled == s.admit.n_prompt_tokens) prefilled_locked(p.seq, sampled[next_sample++], step_end);
+      if (s.n_prefilled == s.admit.n_prompt_tokens) {
+        const TokenLogprobs* lp = sampled_logprobs.empty() ? nullptr : &sampled_logprobs[next_sample];
+        prefilled_locked(p.seq, sampled[next_sample++], lp, step_end);
+      }
     }
 
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -296,7 +301,9 @@ void DecodeEngine::run() {
         continue;
       }
       ++s.n_generated;
+      s.sampler.observe(id);
       s.pending.token_ids.push_back(id);
+      if (s.admit.sampling.top_logprobs >= 0) s.pending.logprobs.push_back(sampled_logprobs[i]);
       s.has_pending = true;
       if (const FinishReason end = stop_rule(s.admit).after(id, s.n_generated); end != FinishReason::kNone) {
         finish_locked(batch[i], {}, finish_reason_name(end));
@@ -309,7 +316,7 @@ void DecodeEngine::run() {
 }
 
 void DecodeEngine::step(const std::vector<SeqPtr>& batch, const std::vector<PrefillSlice>& prefills,
-                        std::vector<int32_t>* sampled) {
+                        std::vector<int32_t>* sampled, std::vector<TokenLogprobs>* logprobs) {
   StepBatch b;
   for (const SeqPtr& s : batch) {
     BATON_CHECK(s->position < static_cast<int64_t>(s->table.size()) * config_.block_size,
@@ -323,12 +330,19 @@ void DecodeEngine::step(const std::vector<SeqPtr>& batch, const std::vector<Pref
   }
   // Sampled where the logits are: on a GPU only the ids come back.
   specs_.clear();
-  for (const SeqPtr& s : batch) specs_.push_back(s->sampler.spec_at(s->position + 1));  // the token after the input
+  adjust_.clear();
+  for (const SeqPtr& s : batch) {
+    s->sampler.adjustments(static_cast<int32_t>(specs_.size()), &adjust_);
+    specs_.push_back(s->sampler.spec_at(s->position + 1));  // the token after the input
+  }
   for (const PrefillSlice& p : prefills) {
     // The first token, at the position after the prompt, as a prefill worker draws it.
-    if (p.start + p.n == p.seq->admit.n_prompt_tokens) specs_.push_back(p.seq->sampler.spec_at(p.seq->admit.n_prompt_tokens));
+    if (p.start + p.n == p.seq->admit.n_prompt_tokens) {
+      p.seq->sampler.adjustments(static_cast<int32_t>(specs_.size()), &adjust_);
+      specs_.push_back(p.seq->sampler.spec_at(p.seq->admit.n_prompt_tokens));
+    }
   }
-  model_.forward_sample(b, *cache_, specs_, sampled);
+  model_.forward_sample(b, *cache_, specs_, adjust_, sampled, logprobs);
 }
 
 std::vector<DecodeEngine::PrefillSlice> DecodeEngine::plan_prefills_locked() const {
@@ -343,7 +357,8 @@ std::vector<DecodeEngine::PrefillSlice> DecodeEngine::plan_prefills_locked() con
   return out;
 }
 
-void DecodeEngine::prefilled_locked(const SeqPtr& seq, int32_t first, DecodeClock::time_point step_end) {
+void DecodeEngine::prefilled_locked(const SeqPtr& seq, int32_t first, const TokenLogprobs* logprobs,
+                                    DecodeClock::time_point step_end) {
   Sequence& s = *seq;
   s.queue_seconds = seconds_between(s.admitted_at, s.prefill_start_at);
   s.prefill_seconds = seconds_between(s.prefill_start_at, step_end);
@@ -363,7 +378,9 @@ void DecodeEngine::prefilled_locked(const SeqPtr& seq, int32_t first, DecodeCloc
   s.next_token = first;
   s.position = s.admit.n_prompt_tokens;
   s.n_generated = 1;
+  s.sampler.observe(first);
   s.pending.token_ids.push_back(first);
+  if (logprobs != nullptr && s.admit.sampling.top_logprobs >= 0) s.pending.logprobs.push_back(*logprobs);
   s.pending.first_token_included = true;
   s.has_pending = true;
   if (const FinishReason end = stop_rule(s.admit).after(first, s.n_generated); end != FinishReason::kNone) {

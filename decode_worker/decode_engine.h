@@ -112,11 +112,12 @@ class DecodeEngine final : public KvReceiver {
   // One forward over `batch` (one token each) and the prompt chunks `prefills`; a sample per
   // sequence of `batch`, then per prompt the chunk finishes, into `*sampled`. Runs without the
   // lock: touches only the sequences' engine-owned fields.
-  void step(const std::vector<SeqPtr>& batch, const std::vector<PrefillSlice>& prefills, std::vector<int32_t>* sampled);
+  void step(const std::vector<SeqPtr>& batch, const std::vector<PrefillSlice>& prefills, std::vector<int32_t>* sampled,
+            std::vector<TokenLogprobs>* logprobs);
   // Under mu_: the step's prompt chunks, first come first served, within the token budget.
   std::vector<PrefillSlice> plan_prefills_locked() const;
   // Under mu_, after a step: a prompt prefilled here, its first token `first` sampled.
-  void prefilled_locked(const SeqPtr& seq, int32_t first, DecodeClock::time_point step_end);
+  void prefilled_locked(const SeqPtr& seq, int32_t first, const TokenLogprobs* logprobs, DecodeClock::time_point step_end);
   // Under mu_: ends `seq` (frees or schedules freeing of its blocks, buffers the final event).
   void finish_locked(const SeqPtr& seq, const Status& status, const std::string& finish_reason);
   void free_blocks_locked(Sequence& seq);
@@ -149,7 +150,8 @@ class DecodeEngine final : public KvReceiver {
   bool started_ = false;
   bool stopping_ = false;  // stop() called: refuse new work
   std::thread thread_;
-  std::vector<SampleSpec> specs_;  // engine thread: the current step's sampling, one per sequence
+  std::vector<SampleSpec> specs_;     // engine thread: the current step's sampling, one per sequence
+  std::vector<LogitAdjust> adjust_;  // engine thread: the current step's penalties
 
   EngineGauges gauges_;  // this worker's (role="decode"); nothing without a registry
 };

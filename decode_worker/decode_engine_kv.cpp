@@ -61,6 +61,7 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
   if (seq->kv_begun) return failed_precondition("a KV transfer for request " + id + " is already in progress");
   seq->kv_begun = true;
   seq->kv_begin_at = DecodeClock::now();
+  seq->set_sampler_history(h.token_ids);
   return {};
 }
 
@@ -104,6 +105,7 @@ Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
     seq->next_token = seq->first_token;
     seq->position = n_tokens;
     seq->n_generated = 1;
+    seq->sampler.observe(first_token);
     seq->state = SeqState::kRunning;
     --n_waiting_;
     if (const FinishReason end = stop_rule(seq->admit).after(seq->first_token, seq->n_generated);

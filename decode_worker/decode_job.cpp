@@ -28,6 +28,10 @@ Status DecodeAdmit::validate_against(const ModelConfig& model) const {
   BATON_RETURN_IF_ERROR(check_context(int64_t{n_prompt_tokens} + max_tokens, model,
                                       "prompt (" + std::to_string(n_prompt_tokens) + " tokens) + max_tokens (" +
                                           std::to_string(max_tokens) + ")"));
+  if (n_output_tokens < 0 || n_output_tokens >= n_prompt_tokens) {
+    return invalid_argument("n_output_tokens must be in [0, n_prompt_tokens) (got " + std::to_string(n_output_tokens) +
+                            " of " + std::to_string(n_prompt_tokens) + ")");
+  }
   BATON_RETURN_IF_ERROR(validate_sampling(sampling));
   if (prefill_tokens.empty()) return {};
   if (static_cast<int64_t>(prefill_tokens.size()) != n_prompt_tokens) {

@@ -44,6 +44,7 @@ using DecodeClock = std::chrono::steady_clock;
 struct DecodeAdmit {
   std::string request_id;
   int32_t n_prompt_tokens = 0;  // tokens whose KV will arrive (prompt, plus earlier output on failover)
+  int32_t n_output_tokens = 0;  // of those, the trailing ones the request generated before (the penalties count them)
   // Non-empty: prefill these n_prompt_tokens tokens here (local prefill) and sample the first token;
   // no KV transfer comes. At most DecodeConfig::local_prefill_max_tokens of them.
   std::vector<int32_t> prefill_tokens;
@@ -73,6 +74,7 @@ struct DecodeAdmit {
 // prefilled here: its first event starts with the first token (first_token_included).
 struct DecodeOutput {
   std::vector<int32_t> token_ids;
+  std::vector<TokenLogprobs> logprobs;  // one per token id when the request asks (sampling.top_logprobs >= 0)
   bool done = false;
   Status status;                    // on the final event: ok, or why it ended abnormally
   std::string finish_reason;        // on an ok final event: "stop" | "length"

@@ -2,9 +2,11 @@
 // step loop; decode_engine_kv.cpp: the KV hand-off). Not part of the engine's interface.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,13 @@ enum class SeqState {
 // running; everything else is guarded by DecodeEngine::mu_.
 struct DecodeEngine::Sequence {
   explicit Sequence(const DecodeAdmit& a) : admit(a), sampler(a.sampling) {}
+
+  // The penalties' history from the tokens whose KV this worker holds (the KV's or the local
+  // prefill's): the last admit.n_output_tokens of them are earlier output.
+  void set_sampler_history(std::span<const int32_t> tokens) {
+    const size_t n_out = std::min(tokens.size(), static_cast<size_t>(std::max(admit.n_output_tokens, 0)));
+    sampler.set_history(tokens.first(tokens.size() - n_out), tokens.last(n_out));
+  }
 
   DecodeAdmit admit;
   SeqState state = SeqState::kWaitingKv;

@@ -20,6 +20,7 @@ DecodeAdmit from_proto(const v1::AdmitRequest& r) {
   DecodeAdmit a;
   a.request_id = r.request_id();
   a.n_prompt_tokens = r.n_prompt_tokens();
+  a.n_output_tokens = r.n_output_tokens();
   a.max_tokens = r.max_tokens();
   a.sampling = sampling_from_proto(r.sampling());
   a.ignore_eos = r.ignore_eos();
@@ -39,6 +40,9 @@ v1::DecodeEvent to_proto(const DecodeOutput& o) {
   v1::DecodeEvent e;
   e.mutable_token_ids()->Add(o.token_ids.begin(), o.token_ids.end());
   e.set_done(o.done);
+  for (size_t i = 0; i < o.logprobs.size() && i < o.token_ids.size(); ++i) {
+    logprob_to_proto(o.token_ids[i], o.logprobs[i], e.add_logprobs());
+  }
   if (o.done && o.status.ok()) e.set_finish_reason(to_proto_finish(o.finish_reason));
   e.set_decode_queue_seconds(o.decode_queue_seconds);
   e.set_kv_transfer_seconds(o.kv_transfer_seconds);

@@ -76,14 +76,22 @@ Tensor Backend::alloc_tensor(int64_t rows, int64_t cols, DType dtype, Buffer* ho
   return Tensor{holder->get(), dtype, rows, cols, cols};
 }
 
-void Backend::sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens) {
+void Backend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::span<const LogitAdjust> adjust,
+                     int32_t* tokens, TokenLogprobs* logprobs) {
   BATON_CHECK(logits.rows == static_cast<int64_t>(specs.size()), "%ld logit rows for %zu sampling specs",
               static_cast<long>(logits.rows), specs.size());
   std::vector<float> host(static_cast<size_t>(logits.rows * logits.cols));
   download_f32(logits, host.data());
+  size_t a = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    tokens[i] = sample_logits(std::span<const float>(host).subspan(i * logits.cols, logits.cols), specs[i]);
+    const size_t first = a;
+    while (a < adjust.size() && adjust[a].row == static_cast<int32_t>(i)) ++a;
+    BATON_CHECK(a == adjust.size() || adjust[a].row > static_cast<int32_t>(i), "logit adjustments not ordered by row");
+    BATON_CHECK(specs[i].top_logprobs < 0 || logprobs != nullptr, "row %zu asks for log-probabilities: none to write", i);
+    tokens[i] = sample_row(std::span<float>(host).subspan(i * logits.cols, logits.cols), specs[i],
+                           adjust.subspan(first, a - first), logprobs != nullptr ? logprobs + i : nullptr);
   }
+  BATON_CHECK(a == adjust.size(), "logit adjustments for rows beyond the %zu sampled", specs.size());
 }
 
 std::optional<int> cuda_device_ordinal(std::string_view device) {

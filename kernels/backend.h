@@ -243,10 +243,13 @@ class Backend {
   virtual std::string stats() const { return ""; }
 
   // ---- sampling ----
-  // tokens[i] = a token drawn from logits row i ([specs.size(), n_vocab] f32) as `specs[i]` says
-  // (sample_logits in kernels/sampling.h is the definition). The default copies the logits to
-  // the host; a device backend samples where the logits are and copies back only the ids.
-  virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens);
+  // tokens[i] = a token drawn from logits row i ([specs.size(), n_vocab] f32) as `specs[i]` says,
+  // after the row's `adjust` entries (ordered by row); logprobs[i] is written for each row whose
+  // spec asks (top_logprobs >= 0; logprobs may be null when none does). sample_row in
+  // kernels/sampling.h is the definition. The logits may be changed. The default copies them to
+  // the host; a device backend samples where the logits are and copies back only the results.
+  virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::span<const LogitAdjust> adjust,
+                      int32_t* tokens, TokenLogprobs* logprobs);
 };
 
 struct BackendOptions {

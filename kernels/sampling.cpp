@@ -76,4 +76,72 @@ int32_t sample_logits(std::span<const float> logits, const SampleSpec& spec) {
   return candidates[keep - 1].second;
 }
 
+namespace {
+
+double log_sum_exp(std::span<const float> logits) {
+  float mx = logits.empty() ? 0.0f : logits[0];
+  for (float v : logits) mx = v > mx ? v : mx;
+  double sum = 0.0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  return mx + std::log(sum);
+}
+
+// The n_top best by (logit descending, index ascending), as log-probabilities.
+void top_logprobs(std::span<const float> logits, double lse, int n_top, TokenLogprobs* out) {
+  const int k = std::clamp(n_top, 0, std::min(kMaxTopLogprobs, static_cast<int>(logits.size())));
+  out->n_top = k;
+  if (k == 0) return;
+  std::pair<float, int32_t> best[kMaxTopLogprobs];
+  int n = 0;
+  auto better = [](float v, int32_t i, const std::pair<float, int32_t>& b) { return v > b.first || (v == b.first && i < b.second); };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    const auto id = static_cast<int32_t>(i);
+    if (n == k && !better(v, id, best[k - 1])) continue;
+    int j = n < k ? n++ : k - 1;
+    while (j > 0 && better(v, id, best[j - 1])) {
+      best[j] = best[j - 1];
+      --j;
+    }
+    best[j] = {v, id};
+  }
+  for (int j = 0; j < k; ++j) {
+    out->top_ids[j] = best[j].second;
+    out->top_logprobs[j] = static_cast<float>(best[j].first - lse);
+  }
+}
+
+}  // namespace
+
+void token_logprobs(std::span<const float> logits, int32_t token, int n_top, TokenLogprobs* out) {
+  const double lse = log_sum_exp(logits);
+  out->logprob = static_cast<float>(logits[static_cast<size_t>(token)] - lse);
+  top_logprobs(logits, lse, n_top, out);
+}
+
+int32_t sample_row(std::span<float> logits, const SampleSpec& spec, std::span<const LogitAdjust> adjust,
+                   TokenLogprobs* logprobs) {
+  if (!all_finite(logits)) return kNonFiniteLogits;
+  const bool want = spec.top_logprobs >= 0 && logprobs != nullptr;
+  const double lse = want ? log_sum_exp(logits) : 0.0;
+  if (want) top_logprobs(logits, lse, spec.top_logprobs, logprobs);
+  // The raw values the penalties change: the sampled token's log-probability is the raw one's.
+  thread_local std::vector<float> raw;
+  raw.clear();
+  for (const LogitAdjust& a : adjust) {
+    float& l = logits[static_cast<size_t>(a.token)];
+    raw.push_back(l);
+    l = adjusted_logit(l, a.repetition, a.subtract);
+  }
+  const int32_t token = sample_logits(logits, spec);
+  if (want && token >= 0) {
+    float value = logits[static_cast<size_t>(token)];
+    for (size_t i = 0; i < adjust.size(); ++i) {
+      if (adjust[i].token == token) value = raw[i];
+    }
+    logprobs->logprob = static_cast<float>(value - lse);
+  }
+  return token;
+}
+
 }  // namespace baton

@@ -14,6 +14,32 @@ struct SampleSpec {
   int top_k = 0;             // keep the k largest logits (0: all)
   float top_p = 1.0f;        // then the smallest prefix (by logit, descending) whose mass reaches top_p
   double u = 0.0;            // uniform in [0, 1): picks the token by cumulative probability
+  int32_t top_logprobs = -1;  // >= 0: return the token's log-probability and this many alternatives' (TokenLogprobs)
+};
+
+// A change to one logit before it is sampled (the penalties of model/sampler.h):
+// l' = (l > 0 ? l / repetition : l * repetition) - subtract. A batch's (row, token) pairs are distinct.
+struct LogitAdjust {
+  int32_t row = 0;
+  int32_t token = 0;
+  float repetition = 1.0f;
+  float subtract = 0.0f;
+};
+
+inline float adjusted_logit(float logit, float repetition, float subtract) {
+  return (logit > 0.0f ? logit / repetition : logit * repetition) - subtract;
+}
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// Log-probabilities under log_softmax of the raw logits: the model's distribution, before
+// temperature, top-k/top-p and penalties. top_* hold the n_top most likely tokens, by logit
+// descending (lower index on ties).
+struct TokenLogprobs {
+  float logprob = 0.0f;  // of the sampled token
+  int32_t n_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
 };
 
 // What sampling returns instead of a token when the row holds a NaN or an infinity: the step went
@@ -24,6 +50,15 @@ inline constexpr int32_t kNonFiniteLogits = -1;
 // over the top_k, truncated to top_p, renormalised; the token is the first whose cumulative
 // probability exceeds u · total. kNonFiniteLogits when a logit is not finite.
 int32_t sample_logits(std::span<const float> logits, const SampleSpec& spec);
+
+// One row as a backend samples it: the log-probabilities of the raw row when spec.top_logprobs
+// >= 0 (into *logprobs), then `adjust` (this row's entries) applied to `logits` in place, then
+// sample_logits. The reference every backend's sample() matches.
+int32_t sample_row(std::span<float> logits, const SampleSpec& spec, std::span<const LogitAdjust> adjust,
+                   TokenLogprobs* logprobs);
+
+// log_softmax(logits)[token] and the n_top most likely tokens' log-probabilities (n_top <= 20).
+void token_logprobs(std::span<const float> logits, int32_t token, int n_top, TokenLogprobs* out);
 
 // Whether every value is finite (vectorised: the exponent bits of NaN and infinity are all ones).
 bool all_finite(std::span<const float> values);

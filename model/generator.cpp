@@ -50,9 +50,12 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
 
   auto t1 = std::chrono::steady_clock::now();
   Sampler sampler(opt.sampling);
+  sampler.set_history(prompt, {});
   res.finish_reason = "length";
-  // Decode steps sample where the logits are (on a GPU only the ids come back).
-  int32_t id = sampler.sample(res.last_logits, n_prompt);
+  const bool want_logprobs = opt.sampling.top_logprobs >= 0;
+  TokenLogprobs first_logprobs;
+  int32_t id = sampler.sample(res.last_logits, n_prompt, &first_logprobs);
+  if (want_logprobs) res.logprobs.push_back(first_logprobs);
   auto non_finite = [&](int64_t position) {
     pool.release(table);
     return internal_error("the logits at position " + std::to_string(position) +
@@ -60,9 +63,12 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   };
   if (id == kNonFiniteLogits) return non_finite(n_prompt);
   std::vector<int32_t> sampled;
+  std::vector<TokenLogprobs> sampled_logprobs;
+  std::vector<LogitAdjust> adjust;
   const StopRule rule{opt.stop_ids, opt.ignore_eos, opt.max_tokens};
   for (int i = 0; i < opt.max_tokens; ++i) {
     res.tokens.push_back(id);
+    sampler.observe(id);
     FinishReason end = rule.after(id, i + 1);
     // The caller sees every token, the one that ends generation too.
     const bool keep_going = on_token ? on_token(id) : true;
@@ -73,10 +79,14 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
     }
     batch.clear();
     batch.add(std::span(&res.tokens.back(), 1), static_cast<int32_t>(n_prompt + i), table, Logits::kLast);
+    // Decode steps sample where the logits are (on a GPU only the results come back).
     const SampleSpec spec = sampler.spec_at(n_prompt + i + 1);
-    model_.forward_sample(batch, *cache, std::span(&spec, 1), &sampled);
+    adjust.clear();
+    sampler.adjustments(0, &adjust);
+    model_.forward_sample(batch, *cache, std::span(&spec, 1), adjust, &sampled, &sampled_logprobs);
     id = sampled[0];
     if (id == kNonFiniteLogits) return non_finite(n_prompt + i + 1);
+    if (want_logprobs) res.logprobs.push_back(sampled_logprobs[0]);
   }
   res.decode_seconds = seconds_since(t1);
   pool.release(table);

@@ -29,6 +29,7 @@ struct GenerateOptions {
 
 struct GenerateResult {
   std::vector<int32_t> tokens;       // generated ids (stop id included when it ended generation)
+  std::vector<TokenLogprobs> logprobs;  // one per token when sampling.top_logprobs >= 0
   std::string finish_reason;         // "stop" | "length"
   int n_prompt = 0;
   double prefill_seconds = 0;

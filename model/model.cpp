@@ -261,13 +261,20 @@ void Model::forward(const StepBatch& batch, KvCache& cache, std::vector<float>* 
 }
 
 void Model::forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
-                           std::vector<int32_t>* tokens, const LayerDone& layer_done) {
+                           std::span<const LogitAdjust> adjust, std::vector<int32_t>* tokens,
+                           std::vector<TokenLogprobs>* logprobs, const LayerDone& layer_done) {
   BATON_CHECK(specs.size() == batch.logit_rows().size(), "%zu sampling specs for %zu logit rows", specs.size(),
               batch.logit_rows().size());
   tokens->assign(specs.size(), 0);
+  const bool any_logprobs = std::any_of(specs.begin(), specs.end(), [](const SampleSpec& s) { return s.top_logprobs >= 0; });
+  BATON_CHECK(!any_logprobs || logprobs != nullptr, "log-probabilities asked for and nowhere to put them");
+  if (any_logprobs) logprobs->assign(specs.size(), TokenLogprobs{});
   run(batch, cache, backend_.synchronous() ? layer_done : LayerDone{});
   if (!specs.empty()) {
-    timed(backend_, "sample", [&] { backend_.sample(logits_.row_slice(0, static_cast<int64_t>(specs.size())), specs, tokens->data()); });
+    timed(backend_, "sample", [&] {
+      backend_.sample(logits_.row_slice(0, static_cast<int64_t>(specs.size())), specs, adjust, tokens->data(),
+                      any_logprobs ? logprobs->data() : nullptr);
+    });
   }
 }
 

@@ -73,8 +73,11 @@ class Model {
   // (Backend::synchronous()); on others it is not called and a step's KV is complete when
   // forward_sample returns.
   using LayerDone = std::function<void(int layer)>;
+  // `adjust` and *logprobs as Backend::sample takes and fills them (logprobs is resized to the
+  // rows when a spec asks for log-probabilities, and may be null when none does).
   void forward_sample(const StepBatch& batch, KvCache& cache, std::span<const SampleSpec> specs,
-                      std::vector<int32_t>* tokens, const LayerDone& layer_done = {});
+                      std::span<const LogitAdjust> adjust, std::vector<int32_t>* tokens,
+                      std::vector<TokenLogprobs>* logprobs, const LayerDone& layer_done = {});
 
  private:
   Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}

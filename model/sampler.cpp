@@ -1,5 +1,6 @@
 #include "model/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -23,6 +24,18 @@ Status validate_sampling(const SamplingParams& p) {
   if (p.top_k < 0) return invalid_argument("top_k must be >= 0 (0 keeps every token), got " + std::to_string(p.top_k));
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
     return invalid_argument("top_p must be in (0, 1], got " + format_float(p.top_p));
+  }
+  if (!(std::fabs(p.presence_penalty) <= kMaxPenalty)) {
+    return invalid_argument("presence_penalty must be in [-2, 2], got " + format_float(p.presence_penalty));
+  }
+  if (!(std::fabs(p.frequency_penalty) <= kMaxPenalty)) {
+    return invalid_argument("frequency_penalty must be in [-2, 2], got " + format_float(p.frequency_penalty));
+  }
+  if (!(p.repetition_penalty >= kMinRepetitionPenalty && p.repetition_penalty <= kMaxRepetitionPenalty)) {
+    return invalid_argument("repetition_penalty must be in [0.05, 20] (1: none), got " + format_float(p.repetition_penalty));
+  }
+  if (p.top_logprobs < -1 || p.top_logprobs > kMaxTopLogprobs) {
+    return invalid_argument("top_logprobs must be in [0, 20] (or unset), got " + std::to_string(p.top_logprobs));
   }
   return {};
 }
@@ -54,11 +67,44 @@ SampleSpec Sampler::spec_at(int64_t position) const {
   spec.top_k = params_.top_k;
   spec.top_p = params_.top_p;
   spec.u = params_.temperature == 0.0f ? 0.0 : sample_uniform(params_.seed, position);  // greedy draws nothing
+  spec.top_logprobs = params_.top_logprobs;
   return spec;
 }
 
-int32_t Sampler::sample(std::span<const float> logits, int64_t position) const {
-  return sample_logits(logits, spec_at(position));
+void Sampler::set_history(std::span<const int32_t> prompt, std::span<const int32_t> output) {
+  seen_.clear();
+  if (!penalised()) return;
+  if (params_.repetition_penalty != 1.0f) {
+    for (int32_t t : prompt) seen_.try_emplace(t, 0);
+  }
+  for (int32_t t : output) ++seen_[t];
+}
+
+void Sampler::observe(int32_t token) {
+  if (penalised()) ++seen_[token];
+}
+
+void Sampler::adjustments(int32_t row, std::vector<LogitAdjust>* out) const {
+  const size_t first = out->size();
+  for (const auto& [token, generated] : seen_) {
+    LogitAdjust a{row, token, 1.0f, 0.0f};
+    // repetition_penalty counts the prompt as well; presence and frequency the output only.
+    a.repetition = params_.repetition_penalty;
+    if (generated > 0) a.subtract = params_.frequency_penalty * static_cast<float>(generated) + params_.presence_penalty;
+    if (a.repetition != 1.0f || a.subtract != 0.0f) out->push_back(a);
+  }
+  // Ascending token order: the same entries in the same order on every run, whatever the map's.
+  std::sort(out->begin() + static_cast<std::ptrdiff_t>(first), out->end(),
+            [](const LogitAdjust& x, const LogitAdjust& y) { return x.token < y.token; });
+}
+
+int32_t Sampler::sample(std::span<const float> logits, int64_t position, TokenLogprobs* logprobs) const {
+  thread_local std::vector<float> row;
+  thread_local std::vector<LogitAdjust> adjust;
+  row.assign(logits.begin(), logits.end());
+  adjust.clear();
+  adjustments(0, &adjust);
+  return sample_row(row, spec_at(position), adjust, logprobs);
 }
 
 }  // namespace baton

@@ -22,6 +22,7 @@ struct PrefillEngine::Job {
   int32_t n_cached = 0;          // leading tokens whose KV the cache had; set when it starts
   int32_t n_done = 0;            // tokens prefilled so far; guarded by mu_ (written by the engine thread)
   int32_t first_token = 0;      // set by the engine thread before it is handed to the outbox
+  TokenLogprobs first_logprobs;  // the first token's, when its sampling asks
   Clock::time_point submitted;
   Clock::time_point started;  // start of the step that began its prefill
   std::atomic<bool> cancelled{false};
@@ -318,10 +319,17 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   // where the logits are: on a GPU only the ids come back.
   std::vector<std::shared_ptr<Job>> finished;
   std::vector<SampleSpec> specs;
+  std::vector<LogitAdjust> adjust;
   for (const Slice& s : slices) {
     if (s.start + s.n != s.job->n_tokens()) continue;
-    // Drawn for the token after prompt + earlier output: that position's draw (model/sampler.h).
-    specs.push_back(Sampler(s.job->spec.sampling).spec_at(s.job->n_tokens()));
+    // Drawn for the token after prompt + earlier output: that position's draw (model/sampler.h),
+    // penalised by what the request generated before a failover.
+    const PrefillJob& job = s.job->spec;
+    Sampler sampler(job.sampling);
+    const std::span<const int32_t> tokens(job.tokens);
+    sampler.set_history(tokens.first(tokens.size() - job.n_generated), tokens.last(job.n_generated));
+    sampler.adjustments(static_cast<int32_t>(specs.size()), &adjust);
+    specs.push_back(sampler.spec_at(s.job->n_tokens()));
     finished.push_back(s.job);
   }
   // Streaming: each layer's K and V of the step may leave as soon as the forward wrote them.
@@ -332,12 +340,16 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     };
   }
   std::vector<int32_t> first_tokens;
+  std::vector<TokenLogprobs> first_logprobs;
   const Clock::time_point step_start = Clock::now();
-  model_.forward_sample(batch_, *cache_, specs, &first_tokens, layer_done);
+  model_.forward_sample(batch_, *cache_, specs, adjust, &first_tokens, &first_logprobs, layer_done);
   const Clock::time_point done = Clock::now();
   n_steps_++;
   if (metrics_) step_tokens_hist_->Observe(static_cast<double>(batch_.n_tokens()));
-  for (size_t i = 0; i < finished.size(); ++i) finished[i]->first_token = first_tokens[i];
+  for (size_t i = 0; i < finished.size(); ++i) {
+    finished[i]->first_token = first_tokens[i];
+    if (!first_logprobs.empty()) finished[i]->first_logprobs = first_logprobs[i];
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_stats_.add_step(done, seconds_between(step_start, done), batch_.n_tokens());
@@ -381,7 +393,8 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
     spdlog::debug("req={} prefilled {} tokens ({} from the prefix cache): queue {:.3f}s, prefill {:.3f}s, first token {}",
                   job->spec.request_id, job->n_tokens(), job->n_cached, queue_s, prefill_s, job->first_token);
     if (!job->cancelled && job->spec.on_first_token) {
-      job->spec.on_first_token(job->first_token, queue_s, prefill_s, job->n_cached);
+      job->spec.on_first_token(job->first_token, queue_s, prefill_s, job->n_cached,
+                               job->spec.sampling.top_logprobs >= 0 ? &job->first_logprobs : nullptr);
     }
   }
   // Only now may a transfer end (its end carries the first token): on_first_token has returned.

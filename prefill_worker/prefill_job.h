@@ -53,8 +53,10 @@ struct PrefillJob {
   // Called once, on the engine thread, as soon as the first token is sampled (before any KV moves).
   // queue_seconds: submit → the step that starts its prefill; prefill_seconds: that step's start →
   // the end of the forward that finished the prompt; n_cached_tokens: the leading tokens whose KV
-  // came from the prefix cache (not computed).
-  std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds, int32_t n_cached_tokens)>
+  // came from the prefix cache (not computed); logprobs: the token's log-probabilities when
+  // sampling.top_logprobs >= 0, else null.
+  std::function<void(int32_t first_token, double queue_seconds, double prefill_seconds, int32_t n_cached_tokens,
+                     const TokenLogprobs* logprobs)>
       on_first_token;
   // Called on the engine thread after each step while the prompt is not finished: with the
   // positions done so far after a chunk of it (a long prompt), with 0 while it waits for a step.

@@ -27,13 +27,15 @@ class PrefillReactor final : public grpc::ServerWriteReactor<baton::v1::PrefillE
       job.sampling = sampling_from_proto(request.sampling());
       job.decode_address = request.decode_address();
       job.model_fingerprint = model.fingerprint();
-      job.on_first_token = [out = out_](int32_t token, double queue_s, double prefill_s, int32_t n_cached) {
+      job.on_first_token = [out = out_](int32_t token, double queue_s, double prefill_s, int32_t n_cached,
+                                        const TokenLogprobs* logprobs) {
         baton::v1::PrefillEvent e;
         baton::v1::FirstToken* ft = e.mutable_first_token();
         ft->set_token_id(token);
         ft->set_queue_seconds(queue_s);
         ft->set_prefill_seconds(prefill_s);
         ft->set_cached_tokens(n_cached);
+        if (logprobs != nullptr) logprob_to_proto(token, *logprobs, ft->mutable_logprob());
         out->write(std::move(e));
       };
       // The frontend needs the latest progress, not each: an unwritten one is replaced.

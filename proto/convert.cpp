@@ -1,5 +1,6 @@
 #include "proto/convert.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/version.h"
@@ -12,6 +13,10 @@ SamplingParams sampling_from_proto(const v1::SamplingParams& p) {
   s.top_k = p.top_k();
   s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
   s.seed = p.seed();
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  s.top_logprobs = p.has_top_logprobs() ? p.top_logprobs() : -1;
   return s;
 }
 
@@ -20,6 +25,30 @@ void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_top_k(s.top_k);
   p->set_top_p(s.top_p);
   p->set_seed(s.seed);
+  p->set_presence_penalty(s.presence_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  if (s.repetition_penalty != 1.0f) p->set_repetition_penalty(s.repetition_penalty);
+  if (s.top_logprobs >= 0) p->set_top_logprobs(s.top_logprobs);
+}
+
+void logprob_to_proto(int32_t token, const TokenLogprobs& lp, v1::TokenLogprob* p) {
+  p->set_token_id(token);
+  p->set_logprob(lp.logprob);
+  for (int i = 0; i < lp.n_top; ++i) {
+    p->add_top_token_ids(lp.top_ids[i]);
+    p->add_top_logprobs(lp.top_logprobs[i]);
+  }
+}
+
+TokenLogprobs logprob_from_proto(const v1::TokenLogprob& p) {
+  TokenLogprobs lp;
+  lp.logprob = p.logprob();
+  lp.n_top = std::min({p.top_token_ids_size(), p.top_logprobs_size(), kMaxTopLogprobs});
+  for (int i = 0; i < lp.n_top; ++i) {
+    lp.top_ids[i] = p.top_token_ids(i);
+    lp.top_logprobs[i] = p.top_logprobs(i);
+  }
+  return lp;
 }
 
 void model_info_to_proto(const std::string& name, const ModelConfig& c, const std::string& fingerprint,

@@ -11,9 +11,14 @@
 
 namespace baton {
 
-// Unset top_p means 1 (no nucleus cut).
+// Unset top_p means 1 (no nucleus cut), unset repetition_penalty 1, unset top_logprobs -1 (none).
 SamplingParams sampling_from_proto(const v1::SamplingParams& p);
 void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p);
+
+// A token's log-probabilities on the wire. From the wire, at most kMaxTopLogprobs alternatives
+// are kept (the shorter of the two lists).
+void logprob_to_proto(int32_t token, const TokenLogprobs& lp, v1::TokenLogprob* p);
+TokenLogprobs logprob_from_proto(const v1::TokenLogprob& p);
 
 // `chat_template` may be empty (no template baton knows).
 void model_info_to_proto(const std::string& name, const ModelConfig& config, const std::string& fingerprint,

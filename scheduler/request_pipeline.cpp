@@ -209,6 +209,7 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   AdmitCall call;
   call.request_id = attempt_.id;
   call.n_prompt_tokens = static_cast<int32_t>(req_.prompt_ids.size() + emitted_.size());
+  call.n_output_tokens = static_cast<int32_t>(emitted_.size());
   call.max_tokens = req_.max_tokens - static_cast<int32_t>(emitted_.size());
   call.sampling = req_.sampling;
   call.ignore_eos = req_.ignore_eos;
@@ -325,13 +326,18 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
     return;
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
-  first_token_locked(g, u.token_id, u.queue_seconds, u.prefill_seconds, u.cached_tokens);
+  if (wants_logprobs() && !u.logprobs) {
+    failover_locked(g, "prefill", "the prefill worker", internal_error("its first token came without the log-probabilities asked for"));
+    return;
+  }
+  first_token_locked(g, u.token_id, u.logprobs ? &*u.logprobs : nullptr, u.queue_seconds, u.prefill_seconds,
+                     u.cached_tokens);
   if (state_ == PipelineState::kEnded) return;
   maybe_complete_locked(g);
 }
 
-void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds,
-                                         int32_t cached_tokens) {
+void RequestPipeline::first_token_locked(Guard& g, int32_t token, const TokenLogprobs* logprobs,
+                                         double queue_seconds, double prefill_seconds, int32_t cached_tokens) {
   attempt_.first_token = true;
   g.after([s = deps_.scheduler, id = attempt_.id, prefill_seconds, cached_tokens] {
     s->first_token(id, prefill_seconds, cached_tokens);
@@ -344,11 +350,13 @@ void RequestPipeline::first_token_locked(Guard& g, int32_t token, double queue_s
     prefill_s_ = prefill_seconds;
     cached_prompt_tokens_ = cached_tokens;
   }
-  emit_locked(g, std::span(&token, 1));
+  emit_locked(g, std::span(&token, 1), logprobs != nullptr ? std::span(logprobs, 1) : std::span<const TokenLogprobs>());
   if (state_ == PipelineState::kEnded) return;
   std::vector<int32_t> early;
+  std::vector<TokenLogprobs> early_logprobs;
   early.swap(attempt_.early);
-  emit_locked(g, early);
+  early_logprobs.swap(attempt_.early_logprobs);
+  emit_locked(g, early, early_logprobs);
 }
 
 void RequestPipeline::on_prefill_done(int32_t attempt, const Status& status) {
@@ -387,16 +395,26 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   // streams) stands in only until that report arrives.
   if (u.kv_transfer_seconds > 0 && !kv_sent_reported_) kv_transfer_s_ = u.kv_transfer_seconds;
   std::span<const int32_t> tokens(u.token_ids);
+  std::span<const TokenLogprobs> logprobs(u.logprobs);
+  if (wants_logprobs() && logprobs.size() != tokens.size()) {
+    failover_locked(g, "decode", "the decode worker",
+                    internal_error("it sent " + std::to_string(tokens.size()) + " tokens with " +
+                                   std::to_string(logprobs.size()) + " log-probabilities"));
+    return;
+  }
   if (u.first_token_included && !attempt_.first_token && !tokens.empty()) {
     // Prefilled by the decode worker itself: the stream's first token is the request's.
-    first_token_locked(g, tokens.front(), u.queue_seconds, u.prefill_seconds, /*cached_tokens=*/0);
+    first_token_locked(g, tokens.front(), logprobs.empty() ? nullptr : &logprobs.front(), u.queue_seconds,
+                       u.prefill_seconds, /*cached_tokens=*/0);
     if (state_ == PipelineState::kEnded) return;
     tokens = tokens.subspan(1);
+    if (!logprobs.empty()) logprobs = logprobs.subspan(1);
   }
   if (!attempt_.first_token) {
     attempt_.early.insert(attempt_.early.end(), tokens.begin(), tokens.end());
+    attempt_.early_logprobs.insert(attempt_.early_logprobs.end(), logprobs.begin(), logprobs.end());
   } else {
-    emit_locked(g, tokens);
+    emit_locked(g, tokens, logprobs);
     if (state_ == PipelineState::kEnded) return;
   }
   if (u.done) {
@@ -501,14 +519,15 @@ void RequestPipeline::check_progress(TimePoint now) {
   }
 }
 
-void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids) {
+void RequestPipeline::emit_locked(Guard& g, std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs) {
   if (state_ == PipelineState::kEnded || ids.empty()) return;
+  if (!wants_logprobs()) logprobs = {};
   // Never more than max_tokens, and nothing after a stop id, whatever a worker sends: the rule the
   // decode engine applied, applied again.
   const StopRule rule{req_.stop_ids, req_.ignore_eos, req_.max_tokens};
   const StopRule::Taken taken = rule.take(ids, static_cast<int64_t>(emitted_.size()));
   const std::span<const int32_t> offered = ids.subspan(0, taken.n);
-  const ResponseSink::Accepted a = sink_->on_tokens(offered);
+  const ResponseSink::Accepted a = sink_->on_tokens(offered, logprobs.empty() ? logprobs : logprobs.first(taken.n));
   const size_t n = std::min(a.n, offered.size());
   emitted_.insert(emitted_.end(), offered.begin(), offered.begin() + static_cast<std::ptrdiff_t>(n));
   // The end the rule found counts only once the sink has kept every token offered.

@@ -102,8 +102,9 @@ class ResponseSink {
   };
   virtual ~ResponseSink() = default;
   // New tokens in order; over the whole request (failovers included) each position is offered
-  // once. Called with the pipeline's mutex held.
-  virtual Accepted on_tokens(std::span<const int32_t> ids) = 0;
+  // once. `logprobs`: one per id when the request's sampling asks (top_logprobs >= 0), else
+  // empty. Called with the pipeline's mutex held.
+  virtual Accepted on_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs) = 0;
   // The current attempt failed and the request is starting another (for metrics and logs; `cause`
   // is in the client's terms, as on_end's status).
   virtual void on_failover(const std::string& reason, const Status& cause) {}
@@ -151,6 +152,7 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
     WorkerCall* decode = nullptr;
     bool first_token = false;         // this attempt's prefill delivered its token
     std::vector<int32_t> early;       // decode tokens that overtook the first token
+    std::vector<TokenLogprobs> early_logprobs;  // theirs, when asked for
     bool decode_done = false;
     TimePoint last_progress{};        // its last event (placement counts as one)
     bool stuck_logged = false;        // past its progress bound with nowhere else to go (logged once)
@@ -166,15 +168,18 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   bool on_admitted(int32_t attempt, const Status& status);
   void on_prefill_update(int32_t attempt, const PrefillUpdate& update);
   // The attempt's first token (from its prefill worker, or a decode worker that prefilled it).
-  void first_token_locked(Guard& g, int32_t token, double queue_seconds, double prefill_seconds, int32_t cached_tokens);
+  void first_token_locked(Guard& g, int32_t token, const TokenLogprobs* logprobs, double queue_seconds,
+                          double prefill_seconds, int32_t cached_tokens);
   void on_prefill_done(int32_t attempt, const Status& status);
   void on_decode_update(int32_t attempt, const DecodeUpdate& update);
   void on_decode_done(int32_t attempt, const Status& status);
 
   bool current(int32_t attempt) const { return state_ != PipelineState::kEnded && attempt == attempt_.number; }
+  // Every token must come with its log-probabilities (a worker that sends none fails over).
+  bool wants_logprobs() const { return req_.sampling.top_logprobs >= 0; }
   void submit_attempt_locked(Guard& g);
   void open_worker_calls_locked();
-  void emit_locked(Guard& g, std::span<const int32_t> ids);
+  void emit_locked(Guard& g, std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs);
   // What the current attempt's progress bound is computed from (registry reports).
   ProgressInputs progress_inputs_locked() const;
   // Whether a worker of `role` other than `address` may take work now.

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ using CallDeadline = std::chrono::system_clock::time_point;
 struct AdmitCall {
   std::string request_id;       // the attempt's worker-facing id
   int32_t n_prompt_tokens = 0;  // prompt + tokens already generated (their KV arrives)
+  int32_t n_output_tokens = 0;  // of those, the tokens already generated (the penalties count them)
   int32_t max_tokens = 0;       // tokens still to generate, the first one (from prefill) included
   SamplingParams sampling;
   bool ignore_eos = false;
@@ -54,12 +56,14 @@ struct PrefillUpdate {
   double queue_seconds = 0;     // kFirstToken: received → prefill compute start
   double prefill_seconds = 0;   // kFirstToken
   int32_t cached_tokens = 0;    // kFirstToken: leading tokens whose KV came from the prefix cache
+  std::optional<TokenLogprobs> logprobs;  // kFirstToken, when the sampling asks
   double transfer_seconds = 0;  // kKvSent
   int32_t tokens_done = 0;      // kProgress: prompt positions computed so far (a long prompt's chunk)
 };
 
 struct DecodeUpdate {
   std::vector<int32_t> token_ids;  // tokens after the first
+  std::vector<TokenLogprobs> logprobs;  // one per token id when the sampling asks
   bool done = false;               // the last update of the stream
   bool length = false;             // done by max_tokens (else by an end-of-sequence token)
   double decode_queue_seconds = 0; // first update: KV arrived → first decode step

@@ -81,7 +81,8 @@ class GenerateCall final : public PublicCall {
  private:
   using Writer = GrpcStreamWriter<grpc::ByteBuffer>;
 
-  void emit_tokens(std::span<const int32_t> ids, const std::string& text) override;
+  void emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                   const std::string& text) override;
   void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
 
   grpc::CallbackServerContext* server_ctx_;
@@ -130,10 +131,12 @@ void GenerateCall::begin(const grpc::ByteBuffer& bytes) {
   start(read_request(request, *frontend().model, request_builder()), server_ctx_->deadline());
 }
 
-void GenerateCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {
+void GenerateCall::emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                               const std::string& text) {
   v1::GenerateResponse msg;
   msg.set_request_id(request_id());
   for (int32_t id : ids) msg.add_token_ids(id);
+  for (size_t i = 0; i < logprobs.size(); ++i) logprob_to_proto(ids[i], logprobs[i], msg.add_logprobs());
   msg.set_text(text);
   out_->write(serialize(msg));
 }

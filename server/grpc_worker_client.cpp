@@ -12,6 +12,7 @@ v1::AdmitRequest to_proto(const AdmitCall& c) {
   v1::AdmitRequest r;
   r.set_request_id(c.request_id);
   r.set_n_prompt_tokens(c.n_prompt_tokens);
+  r.set_n_output_tokens(c.n_output_tokens);
   r.set_max_tokens(c.max_tokens);
   sampling_to_proto(c.sampling, r.mutable_sampling());
   r.set_ignore_eos(c.ignore_eos);
@@ -41,6 +42,7 @@ std::optional<PrefillUpdate> from_proto(const v1::PrefillEvent& e) {
     u.queue_seconds = e.first_token().queue_seconds();
     u.prefill_seconds = e.first_token().prefill_seconds();
     u.cached_tokens = e.first_token().cached_tokens();
+    if (e.first_token().has_logprob()) u.logprobs = logprob_from_proto(e.first_token().logprob());
     return u;
   }
   if (e.has_progress()) {
@@ -59,6 +61,7 @@ std::optional<PrefillUpdate> from_proto(const v1::PrefillEvent& e) {
 DecodeUpdate from_proto(const v1::DecodeEvent& e) {
   DecodeUpdate u;
   u.token_ids.assign(e.token_ids().begin(), e.token_ids().end());
+  for (const v1::TokenLogprob& lp : e.logprobs()) u.logprobs.push_back(logprob_from_proto(lp));
   u.done = e.done();
   u.length = e.finish_reason() == v1::FINISH_REASON_LENGTH;
   u.decode_queue_seconds = e.decode_queue_seconds();

@@ -30,7 +30,8 @@ class HttpCall final : public PublicCall {
   void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
 
  private:
-  void emit_tokens(std::span<const int32_t> ids, const std::string& text) override;
+  void emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                   const std::string& text) override;
   void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
 
   // Waits (mu_ held through `lock`) until `ready()`; meanwhile a client that has gone or a server
@@ -46,16 +47,38 @@ class HttpCall final : public PublicCall {
   void on_stream_released();
   void send_whole(httplib::Response& res);
 
+  // Stream: the log-probabilities gathered since the last piece, for the next one.
+  LogprobsOut take_logprobs_locked() {
+    LogprobsOut out;
+    out.tokenizer = logprobs_out_.tokenizer;
+    out.text_offset = text_offset_;
+    out.ids.swap(logprobs_out_.ids);
+    out.logprobs.swap(logprobs_out_.logprobs);
+    if (out.tokenizer != nullptr) {
+      for (int32_t id : out.ids) text_offset_ += token_text_chars(*out.tokenizer, id);
+    }
+    return out;
+  }
+
   const HttpCallEnv env_;
   ResponseHeader header_;  // id set once the request is admitted
   bool stream_ = false;
   bool include_usage_ = false;
+  bool logprobs_ = false;  // the request asked for log-probabilities
 
   std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_: what the pipeline produced and the surface has not written yet.
   std::string text_;                 // whole: all the text
-  std::vector<std::string> pieces_;  // stream: text not yet written, a piece per pipeline event
+  // Stream: text not yet written, a piece per pipeline event that completed some, with the
+  // log-probabilities of its tokens (and of tokens before it that completed none).
+  struct Piece {
+    std::string text;
+    LogprobsOut logprobs;
+  };
+  std::vector<Piece> pieces_;
+  LogprobsOut logprobs_out_;  // whole: every token's; stream: those not yet in a piece
+  int64_t text_offset_ = 0;   // stream, completions: characters of the tokens already in pieces
   bool got_tokens_ = false;          // the first token arrived
   bool ended_ = false;
   bool cancelling_ = false;  // cancel() called; its end follows
@@ -64,12 +87,17 @@ class HttpCall final : public PublicCall {
   PipelineOutcome outcome_;
 };
 
-void HttpCall::emit_tokens(std::span<const int32_t> ids, const std::string& text) {
+void HttpCall::emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                           const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (logprobs_) {
+    logprobs_out_.ids.insert(logprobs_out_.ids.end(), ids.begin(), ids.end());
+    logprobs_out_.logprobs.insert(logprobs_out_.logprobs.end(), logprobs.begin(), logprobs.end());
+  }
   if (!stream_) {
     text_ += text;
   } else if (!text.empty()) {
-    pieces_.push_back(text);
+    pieces_.push_back({text, take_logprobs_locked()});
   }
   got_tokens_ = got_tokens_ || !ids.empty();
   cv_.notify_all();
@@ -79,8 +107,8 @@ void HttpCall::emit_end(const Status& status, const PipelineOutcome& outcome, co
   std::lock_guard<std::mutex> lock(mu_);
   if (!stream_) {
     text_ += tail;
-  } else if (!tail.empty()) {
-    pieces_.push_back(tail);
+  } else if (!tail.empty() || !logprobs_out_.ids.empty()) {
+    pieces_.push_back({tail, take_logprobs_locked()});
   }
   ended_ = true;
   status_ = status;
@@ -124,6 +152,8 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
   if (parsed.ok()) {
     stream_ = parsed->stream;
     include_usage_ = parsed->include_usage;
+    logprobs_ = parsed->request.pipeline.sampling.top_logprobs >= 0;
+    logprobs_out_.tokenizer = frontend().model->tokenizer;
     start(std::move(parsed->request), CallDeadline::max());
   } else {
     start(parsed.status(), CallDeadline::max());  // refused, after the drain's refusal
@@ -151,7 +181,7 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
 
 void HttpCall::send_whole(httplib::Response& res) {
   for (const auto& [name, value] : timing_headers(outcome_)) res.set_header(name, value);
-  res.set_content(completion_body(header_, text_, outcome_), "application/json");
+  res.set_content(completion_body(header_, text_, outcome_, logprobs_ ? &logprobs_out_ : nullptr), "application/json");
 }
 
 bool HttpCall::write_events(httplib::DataSink& sink) {
@@ -164,23 +194,24 @@ bool HttpCall::write_events(httplib::DataSink& sink) {
     wait_locked(lock, [this] { return ended_ || !pieces_.empty() || !role_sent_; });
     bool first = !role_sent_;
     role_sent_ = true;
-    std::vector<std::string> pieces = std::move(pieces_);
+    std::vector<Piece> pieces = std::move(pieces_);
     pieces_.clear();
     const bool finished = ended_ && status_.ok();
-    std::string last;
+    Piece last;
     if (finished && !pieces.empty()) {
       last = std::move(pieces.back());
       pieces.pop_back();
     }
+    auto logprobs = [this](const Piece& p) { return logprobs_ && !p.logprobs.ids.empty() ? &p.logprobs : nullptr; };
     if (!ended_ || finished) {
       if (pieces.empty() && first && !finished) pieces.emplace_back();  // the opening chunk (chat: the role)
-      for (const std::string& piece : pieces) {
-        out += sse_event(chunk_body(header_, piece, first, nullptr, include_usage_));
+      for (const Piece& piece : pieces) {
+        out += sse_event(chunk_body(header_, piece.text, first, nullptr, include_usage_, logprobs(piece)));
         first = false;
       }
     }
     if (finished) {
-      out += sse_event(chunk_body(header_, last, first, &outcome_, include_usage_));
+      out += sse_event(chunk_body(header_, last.text, first, &outcome_, include_usage_, logprobs(last)));
       if (include_usage_) out += sse_event(usage_chunk_body(header_, outcome_));
       out += kSseDone;
       done = true;

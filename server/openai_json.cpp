@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -82,17 +83,11 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
   };
   auto is_one = [](const Json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
   auto is_false = [](const Json& v) { return v.is_boolean() && !v.get<bool>(); };
-  auto is_zero = [](const Json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_empty = [](const Json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); };
   auto is_text = [](const Json& v) { return v.is_object() && v.value("type", Json()) == "text"; };
   BATON_RETURN_IF_ERROR(off("n", is_one, "baton returns one choice per request (n = 1)"));
   BATON_RETURN_IF_ERROR(off("best_of", is_one, "baton returns one choice per request (best_of = 1)"));
   BATON_RETURN_IF_ERROR(off("echo", is_false, "the prompt is not echoed"));
-  BATON_RETURN_IF_ERROR(off("logprobs", [&](const Json& v) { return is_false(v) || is_zero(v); },
-                            "baton does not return log probabilities"));
-  BATON_RETURN_IF_ERROR(off("top_logprobs", is_zero, "baton does not return log probabilities"));
-  BATON_RETURN_IF_ERROR(off("presence_penalty", is_zero, "baton has no sampling penalties"));
-  BATON_RETURN_IF_ERROR(off("frequency_penalty", is_zero, "baton has no sampling penalties"));
   BATON_RETURN_IF_ERROR(off("logit_bias", is_empty, "baton does not bias logits"));
   if (endpoint == OpenAiEndpoint::kCompletions) {
     BATON_RETURN_IF_ERROR(off("suffix", is_empty, "baton does not insert text"));
@@ -102,6 +97,31 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
     BATON_RETURN_IF_ERROR(off("response_format", is_text, "baton answers in plain text"));
   }
   return {};
+}
+
+// How many alternatives each token's log-probability comes with (-1: none asked). Completions:
+// `logprobs`, null or 0–5. Chat: `logprobs` true, with `top_logprobs` 0–20 (which needs it).
+Result<int> read_logprobs(const Json& body, OpenAiEndpoint endpoint) {
+  const Json* lp = member(body, "logprobs");
+  const Json* top = member(body, "top_logprobs");
+  if (lp != nullptr && lp->is_null()) lp = nullptr;
+  if (top != nullptr && top->is_null()) top = nullptr;
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    if (top != nullptr) return invalid_argument("top_logprobs is a chat parameter: completions take logprobs = 0 to 5");
+    if (lp == nullptr) return -1;
+    BATON_ASSIGN_OR_RETURN(const int32_t n, as_int32(*lp, "logprobs"));
+    if (n < 0 || n > 5) return invalid_argument("logprobs must be in [0, 5], got " + std::to_string(n));
+    return n;
+  }
+  bool want = false;
+  if (lp != nullptr) {
+    BATON_ASSIGN_OR_RETURN(want, as_bool(*lp, "logprobs"));
+  }
+  if (top == nullptr) return want ? 0 : -1;
+  BATON_ASSIGN_OR_RETURN(const int32_t n, as_int32(*top, "top_logprobs"));
+  if (n < 0 || n > kMaxTopLogprobs) return invalid_argument("top_logprobs must be in [0, 20], got " + std::to_string(n));
+  if (!want) return invalid_argument("top_logprobs needs logprobs = true");
+  return n;
 }
 
 // A completions prompt: a string, token ids, or an array holding one of those.
@@ -220,7 +240,7 @@ std::string param_of(const std::string& message) {
   static const char* const kFields[] = {
       "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
       "seed", "stop", "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "suffix",
-      "presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "response_format", "priority",
+      "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "tools", "functions", "response_format", "priority",
       "ignore_eos", "ttft_slo_seconds"};
   size_t n = 0;
   while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;
@@ -303,6 +323,19 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (const Json* v = member(j, "top_k")) {
     BATON_ASSIGN_OR_RETURN(s.top_k, as_int32(*v, "top_k"));
   }
+  if (const Json* v = member(j, "presence_penalty"); v != nullptr && !v->is_null()) {
+    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "presence_penalty"));
+    s.presence_penalty = static_cast<float>(p);
+  }
+  if (const Json* v = member(j, "frequency_penalty"); v != nullptr && !v->is_null()) {
+    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "frequency_penalty"));
+    s.frequency_penalty = static_cast<float>(p);
+  }
+  if (const Json* v = member(j, "repetition_penalty"); v != nullptr && !v->is_null()) {
+    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "repetition_penalty"));
+    s.repetition_penalty = static_cast<float>(p);
+  }
+  BATON_ASSIGN_OR_RETURN(s.top_logprobs, read_logprobs(j, endpoint));
   if (const Json* v = member(j, "seed")) {
     BATON_ASSIGN_OR_RETURN(s.seed, as_seed(*v));
   } else {
@@ -354,8 +387,99 @@ std::string response_id(OpenAiEndpoint endpoint, const std::string& request_id) 
   return (endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-") + request_id;
 }
 
-std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& o) {
-  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish_reason}};
+namespace {
+
+// The byte length of the UTF-8 sequence starting at s[i], or 0 when it is not a valid one.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return 0;
+  }
+  return n;
+}
+
+// A token's text for JSON: itself when it is valid UTF-8, else OpenAI's "bytes:\xNN…".
+std::string token_string(const std::string& bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t n = utf8_sequence(bytes, i);
+    if (n == 0) {
+      std::string out = "bytes:";
+      char buf[5];
+      for (unsigned char c : bytes) {
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        out += buf;
+      }
+      return out;
+    }
+    i += n;
+  }
+  return bytes;
+}
+
+Json bytes_json(const std::string& bytes) {
+  Json a = Json::array();
+  for (unsigned char c : bytes) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+Json logprobs_json(OpenAiEndpoint endpoint, const LogprobsOut& lp) {
+  const Tokenizer& tok = *lp.tokenizer;
+  const size_t n = std::min(lp.ids.size(), lp.logprobs.size());
+  if (endpoint == OpenAiEndpoint::kChat) {
+    Json content = Json::array();
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& bytes = tok.token_bytes(lp.ids[i]);
+      Json top = Json::array();
+      for (int k = 0; k < lp.logprobs[i].n_top; ++k) {
+        const std::string& alt = tok.token_bytes(lp.logprobs[i].top_ids[k]);
+        top.push_back({{"token", token_string(alt)}, {"logprob", lp.logprobs[i].top_logprobs[k]}, {"bytes", bytes_json(alt)}});
+      }
+      content.push_back({{"token", token_string(bytes)},
+                         {"logprob", lp.logprobs[i].logprob},
+                         {"bytes", bytes_json(bytes)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(), offsets = Json::array();
+  int64_t offset = lp.text_offset;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string token = token_string(tok.token_bytes(lp.ids[i]));
+    tokens.push_back(token);
+    token_logprobs.push_back(lp.logprobs[i].logprob);
+    // The alternatives and the sampled token, as OpenAI returns up to logprobs + 1 of them.
+    Json top = Json::object();
+    for (int k = 0; k < lp.logprobs[i].n_top; ++k) {
+      const std::string alt = token_string(tok.token_bytes(lp.logprobs[i].top_ids[k]));
+      if (!top.contains(alt)) top[alt] = lp.logprobs[i].top_logprobs[k];
+    }
+    if (!top.contains(token)) top[token] = lp.logprobs[i].logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += token_text_chars(tok, lp.ids[i]);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace
+
+int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id) {
+  // Code points: every byte that does not continue a sequence starts a character.
+  int64_t n = 0;
+  for (unsigned char c : tokenizer.token_bytes(id)) n += (c >> 6) != 2;
+  return n;
+}
+
+std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& o,
+                            const LogprobsOut* logprobs) {
+  Json choice = {{"index", 0},
+                 {"logprobs", logprobs != nullptr ? logprobs_json(h.endpoint, *logprobs) : Json()},
+                 {"finish_reason", o.finish_reason}};
   if (h.endpoint == OpenAiEndpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -369,8 +493,10 @@ std::string completion_body(const ResponseHeader& h, const std::string& text, co
 }
 
 std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* o,
-                       bool include_usage) {
-  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", o ? Json(o->finish_reason) : Json()}};
+                       bool include_usage, const LogprobsOut* logprobs) {
+  Json choice = {{"index", 0},
+                 {"logprobs", logprobs != nullptr ? logprobs_json(h.endpoint, *logprobs) : Json()},
+                 {"finish_reason", o ? Json(o->finish_reason) : Json()}};
   if (h.endpoint == OpenAiEndpoint::kChat) {
     Json delta = Json::object();
     if (first) delta["role"] = "assistant";

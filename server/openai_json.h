@@ -6,9 +6,9 @@
 //
 // Checked here, because only JSON has them: the body is a JSON object of at most kMaxJsonDepth
 // levels, each known field has its JSON type, the model is the served one (404 otherwise), and
-// features baton does not implement (n > 1, logprobs, echo, tools, penalties, ...) are refused by
-// name instead of being silently ignored. Fields OpenAI does not define are ignored, except
-// baton's own: top_k, ignore_eos, priority. Everything else (ranges, the prompt's size, stop
+// features baton does not implement (n > 1, echo, tools, logit_bias, ...) are refused by name
+// instead of being silently ignored. Fields OpenAI does not define are ignored, except baton's
+// own: top_k, repetition_penalty, ignore_eos, priority, ttft_slo_seconds. Everything else (ranges, the prompt's size, stop
 // strings, priority bounds) is the builder's, so each field is validated once.
 #pragma once
 
@@ -55,15 +55,31 @@ struct ResponseHeader {
 // The id of a response to request `request_id`.
 std::string response_id(OpenAiEndpoint endpoint, const std::string& request_id);
 
+// The log-probabilities of the tokens a response or chunk covers, in OpenAI's shape for the
+// endpoint: completions {tokens, token_logprobs, top_logprobs (a token → logprob map of the
+// alternatives and the sampled token), text_offset}; chat {content: [{token, logprob, bytes,
+// top_logprobs: [{token, logprob, bytes}]}]}. A token that is not valid UTF-8 on its own (part of
+// a character) is named "bytes:\xNN…"; chat's `bytes` has its exact bytes.
+struct LogprobsOut {
+  const Tokenizer* tokenizer = nullptr;
+  std::vector<int32_t> ids;
+  std::vector<TokenLogprobs> logprobs;  // one per id
+  int64_t text_offset = 0;              // completions: characters of output before ids[0] (earlier chunks)
+};
+// The characters (code points) of token `id`'s text, as text_offset counts them.
+int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id);
+
 // The whole response (stream false): one choice with all the text, usage, and the "baton"
-// extension (timing breakdown, workers).
-std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& outcome);
+// extension (timing breakdown, workers). `logprobs`: null when the request asked for none.
+std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& outcome,
+                            const LogprobsOut* logprobs);
 
 // One streamed chunk with `text` (chat: the first carries the assistant role). `outcome`: on the
 // last chunk with a choice, its finish_reason (and the extension when `include_usage` is false,
 // since then no usage chunk follows). `include_usage`: chunks carry "usage": null, as OpenAI's do.
+// `logprobs`: those of the chunk's tokens (null: none asked).
 std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* outcome,
-                       bool include_usage);
+                       bool include_usage, const LogprobsOut* logprobs);
 // The usage chunk that ends a stream with include_usage: no choices, usage, the extension.
 std::string usage_chunk_body(const ResponseHeader& h, const PipelineOutcome& outcome);
 // One Server-Sent Event: "data: <json>\n\n".

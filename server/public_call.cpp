@@ -72,7 +72,7 @@ void PublicCall::count_end(const Status& status) {
   if (fc_.metrics) fc_.metrics->requests_total.Add({{"code", status_code_name(status.code())}}).Increment();
 }
 
-ResponseSink::Accepted PublicCall::on_tokens(std::span<const int32_t> ids) {
+ResponseSink::Accepted PublicCall::on_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs) {
   Accepted a;
   std::string text;
   for (int32_t id : ids) {
@@ -89,7 +89,7 @@ ResponseSink::Accepted PublicCall::on_tokens(std::span<const int32_t> ids) {
           .Observe(std::chrono::duration<double>(fc_.pipeline.clock->now() - arrival_).count());
     }
   }
-  emit_tokens(ids.first(a.n), text);
+  emit_tokens(ids.first(a.n), logprobs.empty() ? logprobs : logprobs.first(a.n), text);
   return a;
 }
 

@@ -51,7 +51,7 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   PublicCall& operator=(const PublicCall&) = delete;
 
   // ResponseSink: the pipeline's events become text, metrics and the emit_* calls.
-  Accepted on_tokens(std::span<const int32_t> ids) final;
+  Accepted on_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs) final;
   void on_failover(const std::string& reason, const Status& cause) final;
   void on_end(const Status& status, const PipelineOutcome& outcome) final;
 
@@ -77,8 +77,10 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   // Valid once start() has accepted the request (read-only from then on).
   const std::string& request_id() const { return request_id_; }
 
-  // Text that is ready for the client with the ids it completes (text may be empty mid-character).
-  virtual void emit_tokens(std::span<const int32_t> ids, const std::string& text) = 0;
+  // Text that is ready for the client with the ids it completes (text may be empty mid-character)
+  // and, when the request asked, their log-probabilities (else empty).
+  virtual void emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                           const std::string& text) = 0;
   // The end, once. OK: `outcome` is complete and `tail` is the text held back until now (it
   // follows the last emit_tokens). Otherwise `status` says why, for the client.
   virtual void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) = 0;

@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
       StepBatch batch;
       for (int i = 0; i < b; ++i) batch.add(toks[i], pos, tables[i], Logits::kLast);
       std::vector<SampleSpec> specs(b);
-      (*model)->forward_sample(batch, *cache, specs, &step_tokens);
+      (*model)->forward_sample(batch, *cache, specs, {}, &step_tokens, nullptr);
       for (int i = 0; i < b; ++i) toks[i][0] = step_tokens[i];
       pos = pos + 1 < ctx + 60 ? pos + 1 : ctx;  // stay inside the reserved blocks
     };

@@ -386,18 +386,50 @@ class CudaBackend final : public Backend {
   }
 
   // ---- sampling ----
-  void sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens) override {
+  void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::span<const LogitAdjust> adjust,
+              int32_t* tokens, TokenLogprobs* logprobs) override {
     BATON_CHECK(logits.dtype == DType::kF32 && logits.rows == static_cast<int64_t>(specs.size()),
                 "sample: %ld rows of %s logits for %zu specs", static_cast<long>(logits.rows), dtype_name(logits.dtype),
                 specs.size());
-    if (specs.empty()) return;
-    bind();
     const int rows = static_cast<int>(specs.size());
     const int vocab = static_cast<int>(logits.cols);
+    // The kernels index by these without bounds: an entry outside the logits would write anywhere.
+    BATON_CHECK(adjust.size() <= static_cast<size_t>(INT32_MAX), "%zu logit adjustments", adjust.size());
+    for (size_t e = 0; e < adjust.size(); ++e) {
+      const LogitAdjust& a = adjust[e];
+      BATON_CHECK(a.row >= 0 && a.row < rows && a.token >= 0 && a.token < vocab,
+                  "logit adjustment (%d, %d) outside %d rows of %d logits", a.row, a.token, rows, vocab);
+      BATON_CHECK(e == 0 || adjust[e - 1].row <= a.row, "logit adjustments not ordered by row");
+    }
+    if (specs.empty()) return;
+    bind();
     const bool any_random = std::any_of(specs.begin(), specs.end(), [](const SampleSpec& s) { return s.temperature != 0.0f; });
-    const size_t spec_bytes = specs.size() * sizeof(SampleSpec);
-    const size_t ids_bytes = specs.size() * sizeof(int32_t);
-    sample_io_.reserve(spec_bytes + ids_bytes + 256);
+    const bool any_logprobs =
+        std::any_of(specs.begin(), specs.end(), [](const SampleSpec& s) { return s.top_logprobs >= 0; });
+    BATON_CHECK(!any_logprobs || logprobs != nullptr, "sample: rows ask for log-probabilities, none to write");
+    const int n_adjust = static_cast<int>(adjust.size());
+
+    // sample_io_ holds, each part 256-byte aligned and absent when empty: what is copied in (specs,
+    // adjust entries, each row's first entry), what is copied out (token ids, log-probabilities),
+    // then device scratch (the penalised logits' raw values, each row's log-sum-exp). Without
+    // penalties or log-probabilities it is the specs and the ids alone, as plain sampling needs.
+    size_t end = 0;
+    auto place = [&end](size_t bytes) {
+      if (bytes == 0) return end;
+      const size_t at = (end + 255) / 256 * 256;
+      end = at + bytes;
+      return at;
+    };
+    const size_t specs_at = place(specs.size() * sizeof(SampleSpec));
+    const size_t adjust_at = place(adjust.size() * sizeof(LogitAdjust));
+    const size_t first_at = place(any_logprobs ? (specs.size() + 1) * sizeof(int32_t) : 0);
+    const size_t in_bytes = end;
+    const size_t ids_at = place(specs.size() * sizeof(int32_t));
+    const size_t logprobs_at = place(any_logprobs ? specs.size() * sizeof(TokenLogprobs) : 0);
+    const size_t out_bytes = end - ids_at;
+    const size_t raw_at = place(adjust.size() * sizeof(float));
+    const size_t lse_at = place(any_logprobs ? specs.size() * sizeof(double) : 0);
+    sample_io_.reserve(end);
     if (any_random) {
       const size_t need = cuda::sample_workspace_bytes(rows, vocab);
       if (need > sample_ws_bytes_) {
@@ -407,14 +439,43 @@ class CudaBackend final : public Backend {
     }
     char* host = static_cast<char*>(sample_io_.host.get());
     char* dev = static_cast<char*>(sample_io_.device.get());
-    std::memcpy(host, specs.data(), spec_bytes);
-    CUDA_CHECK(cudaMemcpyAsync(dev, host, spec_bytes, cudaMemcpyHostToDevice, stream_));
-    auto* ids_d = reinterpret_cast<int32_t*>(dev + (spec_bytes + 255) / 256 * 256);
-    cuda::sample_rows(logits.f32(), logits.ld, rows, vocab, reinterpret_cast<const SampleSpec*>(dev), any_random, ids_d,
-                      sample_ws_.get(), sample_ws_bytes_, stream_);
-    CUDA_CHECK(cudaMemcpyAsync(host + spec_bytes, ids_d, ids_bytes, cudaMemcpyDeviceToHost, stream_));
+    std::memcpy(host + specs_at, specs.data(), specs.size() * sizeof(SampleSpec));
+    std::copy(adjust.begin(), adjust.end(), reinterpret_cast<LogitAdjust*>(host + adjust_at));
+    if (any_logprobs) {
+      auto* first = reinterpret_cast<int32_t*>(host + first_at);
+      int e = 0;
+      for (int r = 0; r <= rows; ++r) {
+        while (e < n_adjust && adjust[e].row < r) ++e;
+        first[r] = e;
+      }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, in_bytes, cudaMemcpyHostToDevice, stream_));
+    const auto* specs_d = reinterpret_cast<const SampleSpec*>(dev + specs_at);
+    const auto* adjust_d = reinterpret_cast<const LogitAdjust*>(dev + adjust_at);
+    auto* ids_d = reinterpret_cast<int32_t*>(dev + ids_at);
+    auto* logprobs_d = reinterpret_cast<TokenLogprobs*>(dev + logprobs_at);
+    auto* raw_d = reinterpret_cast<float*>(dev + raw_at);
+    auto* lse_d = reinterpret_cast<double*>(dev + lse_at);
+    // Log-probabilities are of the raw logits, so they come before the penalties change them.
+    if (any_logprobs) cuda::row_logprobs(logits.f32(), logits.ld, rows, vocab, specs_d, logprobs_d, lse_d, stream_);
+    // A penalty keeps a NaN or an infinity non-finite, so sample_rows' check of the adjusted row
+    // also catches what sample_row's check of the raw one does.
+    cuda::adjust_logits(logits.f32(), logits.ld, adjust_d, n_adjust, raw_d, stream_);
+    cuda::sample_rows(logits.f32(), logits.ld, rows, vocab, specs_d, any_random, ids_d, sample_ws_.get(),
+                      sample_ws_bytes_, stream_);
+    if (any_logprobs) {
+      cuda::sampled_logprobs(logits.f32(), logits.ld, rows, specs_d, ids_d, adjust_d,
+                             reinterpret_cast<const int32_t*>(dev + first_at), raw_d, lse_d, logprobs_d, stream_);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(host + ids_at, ids_d, out_bytes, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::memcpy(tokens, host + spec_bytes, ids_bytes);
+    std::memcpy(tokens, host + ids_at, specs.size() * sizeof(int32_t));
+    if (!any_logprobs) return;
+    // As sample_row: a row that did not ask, or whose logits are not finite, keeps what it held.
+    const auto* got = reinterpret_cast<const TokenLogprobs*>(host + logprobs_at);
+    for (int r = 0; r < rows; ++r) {
+      if (specs[r].top_logprobs >= 0 && tokens[r] != kNonFiniteLogits) logprobs[r] = got[r];
+    }
   }
 
  private:
@@ -592,7 +653,7 @@ class CudaBackend final : public Backend {
   Staging loose_staging_;  // loose_meta_'s arrays
   Staging loose_ints_;     // host ints of ops called outside a step
   Staging scratch_;        // bf16 copies of f32 gemm inputs
-  Staging sample_io_;      // sampling specs in, token ids out
+  Staging sample_io_;      // sampling specs and penalties in, token ids and log-probabilities out
   cudaEvent_t meta_copied_ = nullptr;
   Buffer decode_ws_;
   size_t decode_ws_bytes_ = 0;

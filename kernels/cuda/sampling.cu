@@ -14,6 +14,8 @@ constexpr int kThreads = 1024;
 // The pick kernel keeps doubles and two CUB collectives in flight: at 1024 threads it would have
 // 64 registers and spill; 512 gives it room.
 constexpr int kPickThreads = 512;
+// row_logprobs_kernel spills (20 bytes, ptxas -v) under 1024 threads' 64 registers; 512 does not.
+constexpr int kLogprobThreads = 512;
 // Rows sorted per radix-sort call: bounds the scratch (keys and ids of this many rows).
 constexpr int kSortRows = 32;
 
@@ -169,6 +171,95 @@ __global__ void mark_non_finite_kernel(const float* logits, int64_t ld, int voca
   if (__syncthreads_or(bad) && threadIdx.x == 0) out[blockIdx.x] = kNonFiniteLogits;
 }
 
+// One block per row whose spec asks for log-probabilities (the others return at once), on the raw
+// logits: log_sum_exp and top_logprobs of kernels/sampling.cpp, in the same double arithmetic.
+// The top tokens are rounds of a block-wide argmax, each over the tokens ordered after the
+// previous pick (logit descending, index ascending), so no set of taken tokens is kept.
+__global__ void __launch_bounds__(kLogprobThreads)
+    row_logprobs_kernel(const float* logits, int64_t ld, int vocab, const SampleSpec* specs, TokenLogprobs* out,
+                        double* lse_out) {
+  const int asked = specs[blockIdx.x].top_logprobs;
+  if (asked < 0) return;
+  using ArgReduce = cub::BlockReduce<ArgMax, kLogprobThreads>;
+  using SumReduce = cub::BlockReduce<double, kLogprobThreads>;
+  __shared__ union {
+    typename ArgReduce::TempStorage arg;
+    typename SumReduce::TempStorage sum;
+  } tmp;
+  __shared__ ArgMax s_best;
+  __shared__ double s_lse;
+  const float* row = logits + blockIdx.x * ld;
+  TokenLogprobs& lp = out[blockIdx.x];
+
+  auto best_after = [&](ArgMax prev) {
+    ArgMax best{-INFINITY, INT32_MAX};
+    for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) {
+      const float v = row[i];
+      if (v < prev.v || (v == prev.v && i > prev.i)) best = ArgMaxOp()(best, ArgMax{v, i});
+    }
+    best = ArgReduce(tmp.arg).Reduce(best, ArgMaxOp());
+    if (threadIdx.x == 0) s_best = best;
+    __syncthreads();
+    best = s_best;
+    __syncthreads();  // every thread has read s_best before the next round may write it
+    return best;
+  };
+
+  // The first pick is the row's maximum, which the log-sum-exp needs (even when n_top is 0).
+  ArgMax pick = best_after(ArgMax{INFINITY, -1});
+  const float mx = pick.v;
+  double part = 0.0;
+  for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) part += exp(static_cast<double>(row[i]) - mx);
+  const double total = SumReduce(tmp.sum).Sum(part);
+  if (threadIdx.x == 0) s_lse = mx + log(total);
+  __syncthreads();
+  const double lse = s_lse;
+
+  const int n_top = min(asked, min(kMaxTopLogprobs, vocab));
+  for (int j = 0; j < n_top; ++j) {
+    if (j > 0) pick = best_after(pick);
+    if (threadIdx.x == 0) {
+      lp.top_ids[j] = pick.i;
+      lp.top_logprobs[j] = static_cast<float>(pick.v - lse);
+    }
+  }
+  for (int j = n_top + threadIdx.x; j < kMaxTopLogprobs; j += kLogprobThreads) {
+    lp.top_ids[j] = 0;
+    lp.top_logprobs[j] = 0.0f;
+  }
+  if (threadIdx.x == 0) {
+    lp.n_top = n_top;
+    lse_out[blockIdx.x] = lse;
+  }
+}
+
+// One thread per entry; the (row, token) pairs are distinct, so no two threads touch one logit.
+// __fmul_rn rounds the product on its own as the CPU's expression does: nvcc would otherwise fuse
+// it with the subtraction into one FMA.
+__global__ void adjust_kernel(float* logits, int64_t ld, const LogitAdjust* adjust, int n, float* raw) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= n) return;
+  const LogitAdjust a = adjust[e];
+  float& l = logits[a.row * ld + a.token];
+  raw[e] = l;
+  l = (l > 0.0f ? l / a.repetition : __fmul_rn(l, a.repetition)) - a.subtract;
+}
+
+// One thread per row; a row's entries are its penalised tokens (at most its context), a scan that
+// costs little next to the row's sampling.
+__global__ void sampled_logprob_kernel(const float* logits, int64_t ld, int rows, const SampleSpec* specs,
+                                       const int32_t* tokens, const LogitAdjust* adjust, const int32_t* adjust_first,
+                                       const float* raw, const double* lse, TokenLogprobs* out) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows || specs[r].top_logprobs < 0 || tokens[r] == kNonFiniteLogits) return;
+  const int32_t token = tokens[r];
+  float value = logits[r * ld + token];
+  for (int e = adjust_first[r]; e < adjust_first[r + 1]; ++e) {
+    if (adjust[e].token == token) value = raw[e];
+  }
+  out[r].logprob = static_cast<float>(value - lse[r]);
+}
+
 }  // namespace
 
 size_t sample_workspace_bytes(int rows, int vocab) {
@@ -206,6 +297,28 @@ void sample_rows(const float* logits, int64_t ld, int rows, int vocab, const Sam
     CUDA_CHECK_LAUNCH();
   }
   mark_non_finite_kernel<<<rows, 256, 0, stream>>>(logits, ld, vocab, out_d);
+  CUDA_CHECK_LAUNCH();
+}
+
+void row_logprobs(const float* logits, int64_t ld, int rows, int vocab, const SampleSpec* specs_d, TokenLogprobs* out_d,
+                  double* lse_d, cudaStream_t stream) {
+  if (rows == 0) return;
+  row_logprobs_kernel<<<rows, kLogprobThreads, 0, stream>>>(logits, ld, vocab, specs_d, out_d, lse_d);
+  CUDA_CHECK_LAUNCH();
+}
+
+void adjust_logits(float* logits, int64_t ld, const LogitAdjust* adjust_d, int n, float* raw_d, cudaStream_t stream) {
+  if (n == 0) return;
+  adjust_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, ld, adjust_d, n, raw_d);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sampled_logprobs(const float* logits, int64_t ld, int rows, const SampleSpec* specs_d, const int32_t* tokens_d,
+                      const LogitAdjust* adjust_d, const int32_t* adjust_first_d, const float* raw_d,
+                      const double* lse_d, TokenLogprobs* out_d, cudaStream_t stream) {
+  if (rows == 0) return;
+  sampled_logprob_kernel<<<(rows + 255) / 256, 256, 0, stream>>>(logits, ld, rows, specs_d, tokens_d, adjust_d,
+                                                                 adjust_first_d, raw_d, lse_d, out_d);
   CUDA_CHECK_LAUNCH();
 }
 

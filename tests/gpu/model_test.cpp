@@ -211,7 +211,7 @@ TEST_CASE("decode steps of changing batch size and context: recorded graphs stay
       StepBatch b;
       for (int i = 0; i < batch; ++i) b.add(std::span(&tokens[i].back(), 1), pos[i], tables[i], Logits::kLast);
       std::vector<SampleSpec> specs(batch);
-      model.forward_sample(b, *cache, specs, &sampled);
+      model.forward_sample(b, *cache, specs, {}, &sampled, nullptr);
       for (int i = 0; i < batch; ++i) {
         tokens[i].push_back(sampled[i]);
         ++pos[i];

@@ -3,8 +3,10 @@
 // are poisoned first, so an element a kernel never wrote is NaN and fails the comparison.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -269,7 +271,7 @@ TEST_CASE("sample: greedy matches argmax, temperature/top-k/top-p match the CPU 
     s.u = u(rng());
   }
   std::vector<int32_t> got(rows);
-  b.gpu->sample(l.gpu, specs, got.data());
+  b.gpu->sample(l.gpu, specs, {}, got.data(), nullptr);
   int agree = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const int32_t want = sample_logits(std::span<const float>(logits).subspan(i * vocab, vocab), specs[i]);
@@ -282,6 +284,110 @@ TEST_CASE("sample: greedy matches argmax, temperature/top-k/top-p match the CPU 
 
   // All-greedy batches take the argmax path.
   std::vector<SampleSpec> greedy(rows);
-  b.gpu->sample(l.gpu, greedy, got.data());
+  b.gpu->sample(l.gpu, greedy, {}, got.data(), nullptr);
   for (int64_t i = 0; i < rows; ++i) CHECK(got[i] == argmax(std::span<const float>(logits).subspan(i * vocab, vocab)));
+}
+
+namespace {
+
+// Both backends take log_softmax in double and round it to f32 once, so a log-probability differs
+// by at most an f32 ulp (2u|want|) plus the difference of the doubles: the log-sum-exp's sum in
+// another order (n·u_f64 of the sum, at worst) and a few u_f64 roundings of magnitudes below
+// |want| + |lse|, where |lse| <= max|logit| + log(n).
+double logprob_tolerance(float want, int64_t vocab, float max_abs_logit) {
+  const double magnitude = 1 + std::abs(want) + max_abs_logit + std::log(static_cast<double>(vocab));
+  return 2 * baton::testing::kUnitRoundoffF32 * std::abs(want) + (vocab + 4) * 0x1p-53 * magnitude;
+}
+
+// The CUDA backend's sample() against sample_row on the CPU: random specs (greedy and random,
+// asking for 0..20 alternatives or none), random penalties (`with_adjust`) and log-probabilities
+// (`with_logprobs`), and one row holding a NaN.
+void check_sample_rows(Backends& b, int64_t rows, int64_t vocab, bool with_adjust, bool with_logprobs) {
+  INFO("rows " << rows << " vocab " << vocab << " adjust " << with_adjust << " logprobs " << with_logprobs);
+  constexpr float kMaxLogit = 8.0f;
+  std::vector<float> logits = random_vector(rows * vocab, -kMaxLogit, kMaxLogit);
+  const int64_t nan_row = rows / 2;
+  logits[nan_row * vocab + vocab / 3] = NAN;
+  Pair l(b, rows, vocab, DType::kF32, logits);
+
+  std::vector<SampleSpec> specs(rows);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::uniform_int_distribution<int32_t> n_top(-1, kMaxTopLogprobs);
+  for (int64_t i = 0; i < rows; ++i) {
+    SampleSpec& s = specs[i];
+    if (with_logprobs) s.top_logprobs = i == nan_row ? kMaxTopLogprobs : n_top(rng());
+    if (i % 3 == 0) continue;  // greedy
+    s.temperature = static_cast<float>(0.3 + 0.4 * (i % 3));
+    s.top_k = i % 4 == 1 ? 40 : 0;
+    s.top_p = i % 5 == 2 ? 0.9f : 1.0f;
+    s.u = u(rng());
+  }
+
+  // Up to 50 distinct tokens a row, in random order. A repetition below 1 lifts a positive logit
+  // above the others, so many sampled tokens are penalised ones, whose log-probability is the raw
+  // logit's.
+  std::vector<LogitAdjust> adjust;
+  if (with_adjust) {
+    std::uniform_int_distribution<int64_t> n_entries(0, std::min<int64_t>(50, vocab));
+    std::uniform_real_distribution<float> repetition(0.5f, 2.0f), subtract(-1.0f, 1.0f);
+    std::vector<int32_t> ids(vocab);
+    for (int64_t i = 0; i < rows; ++i) {
+      std::iota(ids.begin(), ids.end(), 0);
+      const int64_t n = n_entries(rng());
+      for (int64_t k = 0; k < n; ++k) {
+        std::swap(ids[k], ids[std::uniform_int_distribution<int64_t>(k, vocab - 1)(rng())]);
+        adjust.push_back({static_cast<int32_t>(i), ids[k], repetition(rng()), subtract(rng())});
+      }
+    }
+  }
+
+  // Rows that do not ask, and the NaN row, must keep what they held.
+  TokenLogprobs sentinel;
+  sentinel.logprob = 1.0f;
+  sentinel.n_top = -7;
+  std::vector<TokenLogprobs> got_lp(rows, sentinel), want_lp(rows, sentinel);
+  std::vector<int32_t> got(rows), want(rows);
+  b.gpu->sample(l.gpu, specs, adjust, got.data(), with_logprobs ? got_lp.data() : nullptr);
+  size_t a = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const size_t first = a;
+    while (a < adjust.size() && adjust[a].row == i) ++a;
+    std::vector<float> row(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+    want[i] = sample_row(row, specs[i], std::span<const LogitAdjust>(adjust).subspan(first, a - first), &want_lp[i]);
+  }
+
+  int agree = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    INFO("row " << i << " temperature " << specs[i].temperature << " top_logprobs " << specs[i].top_logprobs);
+    if (specs[i].temperature == 0.0f) CHECK(got[i] == want[i]);
+    agree += got[i] == want[i];
+    const TokenLogprobs& g = got_lp[i];
+    const TokenLogprobs& w = want_lp[i];
+    if (specs[i].top_logprobs < 0 || want[i] == kNonFiniteLogits) {
+      CHECK(g.n_top == sentinel.n_top);
+      CHECK(g.logprob == sentinel.logprob);
+      continue;
+    }
+    CHECK(g.n_top == w.n_top);
+    for (int j = 0; j < std::min(g.n_top, w.n_top); ++j) {
+      CHECK(g.top_ids[j] == w.top_ids[j]);
+      CHECK(std::abs(g.top_logprobs[j] - w.top_logprobs[j]) <= logprob_tolerance(w.top_logprobs[j], vocab, kMaxLogit));
+    }
+    // The sampled token's log-probability, where both drew the same token.
+    if (got[i] == want[i]) CHECK(std::abs(g.logprob - w.logprob) <= logprob_tolerance(w.logprob, vocab, kMaxLogit));
+  }
+  CHECK(got[nan_row] == kNonFiniteLogits);
+  // Random draws may differ only where u falls within rounding of a cumulative boundary.
+  CHECK(agree >= rows - 1);
+}
+
+}  // namespace
+
+TEST_CASE("sample with penalties and log-probabilities matches sample_row", "[gpu]") {
+  Backends b;
+  check_sample_rows(b, 24, 32000, true, true);
+  check_sample_rows(b, 24, 32000, true, false);
+  check_sample_rows(b, 24, 32000, false, true);
+  // Fewer tokens than alternatives asked for: n_top is the vocabulary.
+  check_sample_rows(b, 6, 12, true, true);
 }

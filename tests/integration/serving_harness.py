@@ -161,22 +161,25 @@ class Server:
 class Stream:
     """One Generate call read on its own thread: token ids with their arrival times, the final message."""
 
-    def __init__(self, pb, address, prompt_ids, max_tokens, timeout=300, seed=None):
-        """Greedy, or seeded sampling at temperature 0.8 when `seed` is given."""
-        self.ids, self.times, self.final, self.error = [], [], None, None
+    def __init__(self, pb, address, prompt_ids, max_tokens, timeout=300, seed=None, sampling=None):
+        """Greedy, or seeded sampling at temperature 0.8 when `seed` is given; `sampling`: more
+        SamplingParams fields (penalties, top_logprobs)."""
+        self.ids, self.times, self.logprobs, self.final, self.error = [], [], [], None, None
         self.started = time.monotonic()
-        self._args = (pb, address, prompt_ids, max_tokens, timeout, seed)
+        self._args = (pb, address, prompt_ids, max_tokens, timeout, seed, sampling or {})
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         import grpc
 
-        pb, address, prompt_ids, max_tokens, timeout, seed = self._args
+        pb, address, prompt_ids, max_tokens, timeout, seed, sampling = self._args
         req = pb.gen.GenerateRequest(prompt_token_ids=prompt_ids, max_tokens=max_tokens, ignore_eos=True)
         if seed is not None:
             req.sampling.temperature = 0.8
             req.sampling.seed = seed
+        for name, value in sampling.items():
+            setattr(req.sampling, name, value)
         try:
             with grpc.insecure_channel(address) as ch:
                 for m in pb.gen_grpc.GenerationStub(ch).Generate(req, timeout=timeout):
@@ -184,6 +187,7 @@ class Stream:
                     for t in m.token_ids:
                         self.ids.append(t)
                         self.times.append(now)
+                    self.logprobs.extend(m.logprobs)
                     if m.HasField("final"):
                         self.final = m.final
         except grpc.RpcError as e:

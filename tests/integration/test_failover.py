@@ -1,6 +1,7 @@
 """Failover with real processes: `baton serve` roles on loopback, workers killed with SIGKILL.
 
-- A decode worker killed while 8 streams of 320 tokens run (half greedy, half sampling with seeds):
+- A decode worker killed while 8 streams of 320 tokens run (half greedy, half sampling with seeds;
+  all with presence, frequency and repetition penalties, and log-probabilities):
   every stream completes; the greedy ones equal the same request on the undisturbed deployment
   token for token, the seeded ones do up to the failover (and after it but for rounding: see
   assert_same_as_undisturbed); the streams that were on it say so in their Timing (failovers >= 1)
@@ -56,8 +57,13 @@ def seed_of(i):
     return 1000 + i if i % 2 else None
 
 
+# Every stream is penalised and asks for log-probabilities: a stream that fails over continues
+# with the penalties counting what it generated before, and every token keeps its logprob.
+SAMPLING = dict(presence_penalty=0.4, frequency_penalty=0.3, repetition_penalty=1.1, top_logprobs=1)
+
+
 def start_streams(pb, address, prompt_list, max_tokens):
-    return [Stream(pb, address, p, max_tokens, seed=seed_of(i)) for i, p in enumerate(prompt_list)]
+    return [Stream(pb, address, p, max_tokens, seed=seed_of(i), sampling=SAMPLING) for i, p in enumerate(prompt_list)]
 
 
 def run_all(pb, address, prompt_list, max_tokens):
@@ -85,6 +91,7 @@ def assert_same_as_undisturbed(streams, reference, max_tokens, killed_at):
         assert s.final is not None, f"stream {i} has no final message"
         assert len(s.ids) == max_tokens, f"stream {i}: {len(s.ids)} tokens"
         assert s.final.usage.completion_tokens == max_tokens
+        assert [lp.token_id for lp in s.logprobs] == s.ids, f"stream {i}: a logprob per token, in order"
         first_diff = next((k for k, (a, b) in enumerate(zip(s.ids, ref)) if a != b), None)
         before_kill = sum(t < killed_at for t in s.times)
         what = (f"stream {i} ({'seed ' + str(seed_of(i)) if seed_of(i) else 'greedy'}, failovers "

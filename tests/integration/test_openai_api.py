@@ -247,7 +247,8 @@ def test_wrong_types_are_400_naming_the_field(api, field, value):
 
 @pytest.mark.parametrize("args,param", [
     (dict(n=2), "n"), (dict(temperature=-1), "temperature"), (dict(top_p=1.5), "top_p"),
-    (dict(max_tokens=5000), "max_tokens"), (dict(logprobs=True), "logprobs"), (dict(presence_penalty=1.0), "presence_penalty"),
+    (dict(max_tokens=5000), "max_tokens"), (dict(top_logprobs=3), "top_logprobs"),
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(logit_bias={"5": 1}), "logit_bias"),
 ])
 def test_values_baton_cannot_serve_are_400_naming_the_field(api, args, param):
     with pytest.raises(openai.BadRequestError) as e:

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
 
 #include "kernels/sampling.h"
@@ -48,6 +49,65 @@ TEST_CASE("disaggregated decode equals single-process generation", "[decode]") {
       check_all_free(*fx.engine);
       // Delivered and forgotten: the id can be reused and is no longer attachable.
       CHECK(fx.engine->attach(id, out.sink()).code() == StatusCode::kNotFound);
+    }
+  }
+}
+
+// The same log-probabilities, up to the rounding by which a batched step's logits differ from a
+// single sequence's (the sums run in another order): a few float ulps of the logits.
+static void check_same_logprobs(const std::vector<TokenLogprobs>& got, const std::vector<TokenLogprobs>& want) {
+  REQUIRE(got.size() == want.size());
+  auto close = [](float a, float b) { return std::fabs(a - b) <= 1e-4f * (1.0f + std::fabs(b)); };
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("token " << i);
+    CHECK(close(got[i].logprob, want[i].logprob));
+    REQUIRE(got[i].n_top == want[i].n_top);
+    for (int k = 0; k < got[i].n_top; ++k) {
+      // Ids may trade places only where their values tie within that rounding.
+      if (got[i].top_ids[k] != want[i].top_ids[k]) CHECK(close(got[i].top_logprobs[k], want[i].top_logprobs[k]));
+      CHECK(close(got[i].top_logprobs[k], want[i].top_logprobs[k]));
+    }
+  }
+}
+
+TEST_CASE("penalties and log-probabilities: disaggregated decode equals single-process generation, after a failover too",
+          "[decode]") {
+  Fixture fx;
+  for (int round = 0; round < 4; ++round) {
+    SamplingParams sp = round % 2 == 0 ? SamplingParams{} : seeded();
+    sp.presence_penalty = static_cast<float>(rnd() % 400) / 100.0f - 2.0f;
+    sp.frequency_penalty = static_cast<float>(rnd() % 400) / 100.0f - 2.0f;
+    sp.repetition_penalty = 0.5f + static_cast<float>(rnd() % 200) / 100.0f;
+    sp.top_logprobs = static_cast<int>(rnd() % 21);
+    const int n_prompt = 1 + static_cast<int>(rnd() % 40);
+    const int max_tokens = 4 + static_cast<int>(rnd() % 20);
+    const auto prompt = random_prompt(n_prompt, fx.vocab());
+    INFO("round " << round << " prompt " << n_prompt << " max_tokens " << max_tokens << " presence "
+                  << sp.presence_penalty << " frequency " << sp.frequency_penalty << " repetition "
+                  << sp.repetition_penalty << " top " << sp.top_logprobs);
+    const GenerateResult want = reference(fx, prompt, max_tokens, sp, /*ignore_eos=*/true);
+    REQUIRE(want.logprobs.size() == want.tokens.size());
+
+    // A fresh request, and one that resumes after k tokens were streamed (a failover): the KV of
+    // prompt + those k comes over, and the decode worker counts them as output.
+    for (const int k : {0, 1 + static_cast<int>(rnd() % (max_tokens - 2))}) {
+      std::vector<int32_t> tokens = prompt;
+      tokens.insert(tokens.end(), want.tokens.begin(), want.tokens.begin() + k);
+      const std::string id = "pen-" + std::to_string(round) + "-" + std::to_string(k);
+      const Transfer t = prefill(*fx.ref.model, id, tokens, sp, 7, k);
+      REQUIRE(t.first_token == want.tokens[static_cast<size_t>(k)]);
+      check_same_logprobs({t.first_logprobs}, {want.logprobs[static_cast<size_t>(k)]});
+      DecodeAdmit a = admit_for(fx, id, static_cast<int>(tokens.size()), max_tokens - k, sp, true);
+      a.n_output_tokens = k;
+      Collector out;
+      REQUIRE(fx.engine->admit(a).ok());
+      REQUIRE(fx.engine->attach(id, out.sink()).ok());
+      REQUIRE(send(*fx.engine, t).ok());
+      REQUIRE(out.wait_done());
+      CHECK(out.status.ok());
+      CHECK(out.tokens == std::vector<int32_t>(want.tokens.begin() + k + 1, want.tokens.end()));
+      check_same_logprobs(out.logprobs, std::vector<TokenLogprobs>(want.logprobs.begin() + k + 1, want.logprobs.end()));
+      check_all_free(*fx.engine);
     }
   }
 }

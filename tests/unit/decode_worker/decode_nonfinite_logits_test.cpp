@@ -77,9 +77,10 @@ class NanLogitsBackend final : public Backend {
   void run_step(const BatchView& batch, uint64_t key, const std::function<void()>& body) override {
     inner_->run_step(batch, key, body);
   }
-  void sample(const Tensor& logits, std::span<const SampleSpec> specs, int32_t* tokens) override {
+  void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::span<const LogitAdjust> adjust,
+              int32_t* tokens, TokenLogprobs* logprobs) override {
     if (++n_samples_ != poison_at_) {
-      inner_->sample(logits, specs, tokens);
+      inner_->sample(logits, specs, adjust, tokens, logprobs);
       return;
     }
     std::vector<float> host(static_cast<size_t>(logits.rows * logits.cols));

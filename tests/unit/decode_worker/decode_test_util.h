@@ -76,12 +76,14 @@ struct Transfer {
   KvTransferHeader header;
   std::vector<KvChunk> chunks;
   int32_t first_token = 0;  // the end's: sampled at the prompt's last position
+  TokenLogprobs first_logprobs;
 };
 
 // Prefills `prompt` in a cache of its own, samples the first token as the prefill worker does (a
-// fresh Sampler's first draw) and exports every layer in chunks of `chunk_tokens`.
+// fresh Sampler's first draw, penalised by the prompt and its last `n_output` tokens as earlier
+// output) and exports every layer in chunks of `chunk_tokens`.
 inline Transfer prefill(Model& model, const std::string& id, const std::vector<int32_t>& prompt,
-                        const SamplingParams& sampling, int chunk_tokens) {
+                        const SamplingParams& sampling, int chunk_tokens, int n_output = 0) {
   const ModelConfig& c = model.config();
   const int n = static_cast<int>(prompt.size());
   BlockPool pool(64, 16);
@@ -93,6 +95,8 @@ inline Transfer prefill(Model& model, const std::string& id, const std::vector<i
   std::vector<float> logits;
   model.forward(batch, *cache, &logits);
   Sampler sampler(sampling);
+  const std::span<const int32_t> all(prompt);
+  sampler.set_history(all.first(all.size() - n_output), all.last(n_output));
 
   Transfer t;
   KvTransferHeader& h = t.header;
@@ -103,7 +107,7 @@ inline Transfer prefill(Model& model, const std::string& id, const std::vector<i
   h.n_kv_heads = c.n_kv_heads;
   h.head_dim = c.head_dim;
   h.n_tokens = n;
-  t.first_token = sampler.sample(logits, n);
+  t.first_token = sampler.sample(logits, n, &t.first_logprobs);
   h.token_ids = prompt;
   for (int layer = 0; layer < c.n_layers; ++layer) {
     for (int s = 0; s < n; s += chunk_tokens) {
@@ -138,6 +142,7 @@ struct Collector {
       std::lock_guard lk(mu);
       if (done) event_after_done = true;  // checked by the test thread (Catch2 asserts are not thread-safe)
       tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
       if (n_events == 0) {
         first_kv_transfer_seconds = o.kv_transfer_seconds;
         first_decode_queue_seconds = o.decode_queue_seconds;
@@ -167,6 +172,7 @@ struct Collector {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
   int n_events = 0;
   bool done = false;
   bool event_after_done = false;

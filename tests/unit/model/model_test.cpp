@@ -137,7 +137,7 @@ TEST_CASE("forward_sample draws what the host sampler draws from forward's logit
     specs.push_back(sampler.spec_at(pos));
   }
   std::vector<int32_t> got;
-  model.forward_sample(batch, *cache, specs, &got);  // rewrites the same KV with the same values
+  model.forward_sample(batch, *cache, specs, {}, &got, nullptr);  // rewrites the same KV with the same values
   CHECK(got == want);
   for (auto& t : tables) pool.release(t);
 }

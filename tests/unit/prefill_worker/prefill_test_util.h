@@ -41,7 +41,7 @@ struct Probe {
   int64_t bytes = 0;
 
   void attach(PrefillJob& job) {
-    job.on_first_token = [this](int32_t t, double q, double p, int32_t cached) {
+    job.on_first_token = [this](int32_t t, double q, double p, int32_t cached, const TokenLogprobs*) {
       std::lock_guard<std::mutex> lock(mu);
       if (done) first_after_done = true;
       has_first = true;

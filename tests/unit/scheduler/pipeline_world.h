@@ -266,13 +266,15 @@ class FakeWorkers final : public WorkerClient {
 
 struct RecordingSink final : public ResponseSink {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
   int n_end = 0;
   Status status;
   PipelineOutcome outcome;
   std::vector<std::string> failovers;
-  Accepted on_tokens(std::span<const int32_t> ids) override {
+  Accepted on_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> lps) override {
     CHECK(n_end == 0);
     tokens.insert(tokens.end(), ids.begin(), ids.end());
+    logprobs.insert(logprobs.end(), lps.begin(), lps.end());
     return {ids.size(), false};
   }
   void on_failover(const std::string& reason, const Status&) override { failovers.push_back(reason); }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "model/gguf.h"
 #include "model/test_model.h"
@@ -266,8 +267,7 @@ TEST_CASE("a field of the wrong JSON type is named, in the message and as the er
 TEST_CASE("features baton does not have are refused by name unless off", "[openai]") {
   const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   const std::vector<std::pair<const char*, Json>> refused = {
-      {"n", 2}, {"logprobs", true}, {"top_logprobs", 3}, {"presence_penalty", 0.5}, {"frequency_penalty", -1},
-      {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}},
+      {"n", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}},
       {"response_format", {{"type", "json_object"}}}};
   for (const auto& [field, value] : refused) {
     Json body = base;
@@ -293,6 +293,61 @@ TEST_CASE("features baton does not have are refused by name unless off", "[opena
         StatusCode::kInvalidArgument);
   CHECK(parse(OpenAiEndpoint::kCompletions, {{"prompt", "x"}, {"suffix", "end"}}).status().code() ==
         StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("logprobs and the penalties reach the sampling parameters; out of range is refused by name", "[openai]") {
+  std::mt19937 rng(test_seed());
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  const Json completion = {{"prompt", "hi"}};
+  auto sampling = [](OpenAiEndpoint e, const Json& body) {
+    auto r = parse(e, body);
+    REQUIRE(r.ok());
+    return r->request.pipeline.sampling;
+  };
+  // Unset: no log-probabilities, no penalties.
+  CHECK(sampling(OpenAiEndpoint::kChat, chat).top_logprobs == -1);
+  CHECK(sampling(OpenAiEndpoint::kCompletions, completion).top_logprobs == -1);
+  CHECK(sampling(OpenAiEndpoint::kCompletions, completion).repetition_penalty == 1.0f);
+  // Chat: logprobs true alone is 0 alternatives; with top_logprobs k, k.
+  const int k = std::uniform_int_distribution<int>(0, 20)(rng);
+  Json c = chat;
+  c["logprobs"] = true;
+  CHECK(sampling(OpenAiEndpoint::kChat, c).top_logprobs == 0);
+  c["top_logprobs"] = k;
+  CHECK(sampling(OpenAiEndpoint::kChat, c).top_logprobs == k);
+  c["logprobs"] = false;
+  CHECK(parse(OpenAiEndpoint::kChat, c).status().code() == StatusCode::kInvalidArgument);  // top_logprobs needs logprobs
+  // Completions: logprobs k in [0, 5].
+  const int k5 = std::uniform_int_distribution<int>(0, 5)(rng);
+  Json p = completion;
+  p["logprobs"] = k5;
+  CHECK(sampling(OpenAiEndpoint::kCompletions, p).top_logprobs == k5);
+  // Penalties, drawn in range, arrive as sent.
+  std::uniform_real_distribution<float> pen(-2.0f, 2.0f), rep(0.5f, 3.0f);
+  const float pp = pen(rng), fp = pen(rng), rp = rep(rng);
+  Json q = completion;
+  q["presence_penalty"] = pp;
+  q["frequency_penalty"] = fp;
+  q["repetition_penalty"] = rp;
+  const SamplingParams s = sampling(OpenAiEndpoint::kCompletions, q);
+  CHECK(s.presence_penalty == pp);
+  CHECK(s.frequency_penalty == fp);
+  CHECK(s.repetition_penalty == rp);
+  // Out of range: 400 naming the field.
+  const std::vector<std::tuple<OpenAiEndpoint, const char*, Json>> bad = {
+      {OpenAiEndpoint::kCompletions, "logprobs", 6},         {OpenAiEndpoint::kCompletions, "logprobs", -1},
+      {OpenAiEndpoint::kChat, "top_logprobs", 21},           {OpenAiEndpoint::kChat, "logprobs", 3},
+      {OpenAiEndpoint::kChat, "presence_penalty", 2.5},      {OpenAiEndpoint::kCompletions, "frequency_penalty", -2.01},
+      {OpenAiEndpoint::kCompletions, "repetition_penalty", 0}, {OpenAiEndpoint::kChat, "repetition_penalty", "high"}};
+  for (const auto& [endpoint, field, value] : bad) {
+    Json body = endpoint == OpenAiEndpoint::kChat ? chat : completion;
+    body[field] = value;
+    if (std::string(field) == "top_logprobs") body["logprobs"] = true;
+    INFO(body.dump());
+    const Status st = parse(endpoint, body).status();
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(error_of(st)["param"] == field);
+  }
 }
 
 TEST_CASE("another model is NOT_FOUND (404, model_not_found) with the served one named", "[openai]") {
@@ -463,7 +518,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
     ResponseHeader h{e, response_id(e, "req-42"), static_cast<int64_t>(rng() % 2000000000), "test-model"};
     CHECK(h.id == (chat ? "chatcmpl-req-42" : "cmpl-req-42"));
 
-    const Json whole = Json::parse(completion_body(h, text, o));
+    const Json whole = Json::parse(completion_body(h, text, o, nullptr));
     CHECK(whole["id"] == h.id);
     CHECK(whole["object"] == (chat ? "chat.completion" : "text_completion"));
     CHECK(whole["created"].get<int64_t>() == h.created);
@@ -478,7 +533,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
     check_baton(whole["baton"]);
 
     for (bool include_usage : {false, true}) {
-      const Json first = Json::parse(chunk_body(h, text, /*first=*/true, nullptr, include_usage));
+      const Json first = Json::parse(chunk_body(h, text, /*first=*/true, nullptr, include_usage, nullptr));
       CHECK(first["object"] == (chat ? "chat.completion.chunk" : "text_completion"));
       CHECK(first["choices"][0]["finish_reason"].is_null());
       CHECK(first.contains("usage") == include_usage);
@@ -489,9 +544,9 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
       } else {
         CHECK(first["choices"][0]["text"] == text);
       }
-      const Json middle = Json::parse(chunk_body(h, "", /*first=*/false, nullptr, include_usage));
+      const Json middle = Json::parse(chunk_body(h, "", /*first=*/false, nullptr, include_usage, nullptr));
       if (chat) CHECK(middle["choices"][0]["delta"] == Json::object());  // nothing new
-      const Json last = Json::parse(chunk_body(h, "", /*first=*/false, &o, include_usage));
+      const Json last = Json::parse(chunk_body(h, "", /*first=*/false, &o, include_usage, nullptr));
       CHECK(last["choices"][0]["finish_reason"] == o.finish_reason);
       // The extension rides on the last chunk: this one, or the usage chunk after it.
       CHECK(last.contains("baton") == !include_usage);
