@@ -14,6 +14,26 @@
 namespace baton {
 namespace {
 
+class HttpCall;
+
+// One choice of a request: a PublicCall of its own (its pipeline, text stream and metrics) whose
+// output goes to the HttpCall that serves the response, tagged with its index.
+class ChoiceCall final : public PublicCall {
+ public:
+  ChoiceCall(FrontendContext& fc, std::weak_ptr<HttpCall> parent, int index)
+      : PublicCall(fc), parent_(std::move(parent)), index_(index) {}
+  void run(ValidRequest request) { start(std::move(request), CallDeadline::max()); }
+  using PublicCall::cancel;
+
+ private:
+  void emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                   const std::string& text) override;
+  void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
+
+  const std::weak_ptr<HttpCall> parent_;
+  const int index_;
+};
+
 class HttpCall final : public PublicCall {
  public:
   HttpCall(FrontendContext& fc, OpenAiEndpoint endpoint, HttpCallEnv env) : PublicCall(fc), env_(std::move(env)) {
@@ -29,90 +49,132 @@ class HttpCall final : public PublicCall {
   // The whole exchange, on the calling thread (a pool thread of the HTTP server).
   void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
 
+  // A choice's output (ChoiceCall), on its pipeline's thread.
+  void choice_tokens(int index, std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                     const std::string& text);
+  void choice_end(int index, const Status& status, const PipelineOutcome& outcome, const std::string& tail);
+
  private:
-  void emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
-                   const std::string& text) override;
+  // Only refusals before any choice starts (the body did not parse, the key) come here.
+  void emit_tokens(std::span<const int32_t>, std::span<const TokenLogprobs>, const std::string&) override {}
   void emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) override;
 
-  // Waits (mu_ held through `lock`) until `ready()`; meanwhile a client that has gone or a server
-  // that stops ends the request, whose end then makes it ready.
+  // Waits (mu_ held through `lock`) until `ready()`; meanwhile a client that has gone, a server
+  // that stops or a choice that failed ends every choice, whose ends then make it ready.
   template <class Ready>
   void wait_locked(std::unique_lock<std::mutex>& lock, Ready ready);
   // Why the request should end now, if it should.
   std::optional<Status> abandoned() const;
+  // Ends every choice still running with `why` (mu_ not held: their ends take it).
+  void cancel_choices(const Status& why);
   // Streaming: writes what has arrived (waiting for something first); false when the client is gone.
   bool write_events(httplib::DataSink& sink);
   // The server is done with the stream: if it ended before the request did (the client went, the
   // server stopped), nothing more can reach the client and the request must not run on.
   void on_stream_released();
   void send_whole(httplib::Response& res);
-
-  // Stream: the log-probabilities gathered since the last piece, for the next one.
-  LogprobsOut take_logprobs_locked() {
-    LogprobsOut out;
-    out.tokenizer = logprobs_out_.tokenizer;
-    out.text_offset = text_offset_;
-    out.ids.swap(logprobs_out_.ids);
-    out.logprobs.swap(logprobs_out_.logprobs);
-    if (out.tokenizer != nullptr) {
-      for (int32_t id : out.ids) text_offset_ += token_text_chars(*out.tokenizer, id);
-    }
-    return out;
-  }
+  bool ended_locked() const { return refused_ || n_ended_ == choices_.size(); }
+  // The choices' usage summed (a prompt counted once for its n choices), the first's timing.
+  PipelineOutcome usage_locked() const;
 
   const HttpCallEnv env_;
   ResponseHeader header_;  // id set once the request is admitted
   bool stream_ = false;
   bool include_usage_ = false;
   bool logprobs_ = false;  // the request asked for log-probabilities
+  int n_ = 1;              // choices per prompt
 
   std::mutex mu_;
   std::condition_variable cv_;
-  // Guarded by mu_: what the pipeline produced and the surface has not written yet.
-  std::string text_;                 // whole: all the text
-  // Stream: text not yet written, a piece per pipeline event that completed some, with the
-  // log-probabilities of its tokens (and of tokens before it that completed none).
+  std::vector<std::shared_ptr<ChoiceCall>> calls_;  // set before any starts, then read-only
+  // Guarded by mu_: what the choices produced and the surface has not written yet.
+  struct Choice {
+    std::string text;       // whole: all the text
+    LogprobsOut logprobs;   // whole: every token's; stream: those not yet in a piece
+    int64_t text_offset = 0;  // stream, completions: characters of the tokens already in pieces
+    bool role_sent = false;   // stream: its first chunk (chat: with the role) is out
+    bool ended = false;
+    PipelineOutcome outcome;
+  };
+  std::vector<Choice> choices_;
+  // Stream: text not yet written, a piece per event that completed some, with the log-probabilities
+  // of its tokens (and of tokens before it that completed none); `last` ends its choice.
   struct Piece {
+    int index = 0;
     std::string text;
     LogprobsOut logprobs;
+    bool last = false;
   };
   std::vector<Piece> pieces_;
-  LogprobsOut logprobs_out_;  // whole: every token's; stream: those not yet in a piece
-  int64_t text_offset_ = 0;   // stream, completions: characters of the tokens already in pieces
-  bool got_tokens_ = false;          // the first token arrived
-  bool ended_ = false;
-  bool cancelling_ = false;  // cancel() called; its end follows
-  bool role_sent_ = false;   // stream: the first chunk (chat: with the role) is out
-  Status status_;
-  PipelineOutcome outcome_;
+  size_t n_ended_ = 0;
+  bool refused_ = false;     // refused before any choice started
+  bool got_tokens_ = false;  // a first token arrived
+  bool cancelling_ = false;  // the choices were told to end; their ends follow
+  bool opened_ = false;      // stream: the first write is out
+  Status status_;            // the first failure (OK while none)
+
+  // Stream: choice `index`'s log-probabilities gathered since its last piece, for the next one.
+  LogprobsOut take_logprobs_locked(int index) {
+    Choice& c = choices_[static_cast<size_t>(index)];
+    LogprobsOut out;
+    out.tokenizer = c.logprobs.tokenizer;
+    out.text_offset = c.text_offset;
+    out.ids.swap(c.logprobs.ids);
+    out.logprobs.swap(c.logprobs.logprobs);
+    if (out.tokenizer != nullptr) {
+      for (int32_t id : out.ids) c.text_offset += token_text_chars(*out.tokenizer, id);
+    }
+    return out;
+  }
 };
 
-void HttpCall::emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
-                           const std::string& text) {
+void ChoiceCall::emit_tokens(std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                             const std::string& text) {
+  if (auto p = parent_.lock()) p->choice_tokens(index_, ids, logprobs, text);
+}
+
+void ChoiceCall::emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) {
+  if (auto p = parent_.lock()) p->choice_end(index_, status, outcome, tail);
+}
+
+void HttpCall::choice_tokens(int index, std::span<const int32_t> ids, std::span<const TokenLogprobs> logprobs,
+                             const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
+  Choice& c = choices_[static_cast<size_t>(index)];
   if (logprobs_) {
-    logprobs_out_.ids.insert(logprobs_out_.ids.end(), ids.begin(), ids.end());
-    logprobs_out_.logprobs.insert(logprobs_out_.logprobs.end(), logprobs.begin(), logprobs.end());
+    c.logprobs.ids.insert(c.logprobs.ids.end(), ids.begin(), ids.end());
+    c.logprobs.logprobs.insert(c.logprobs.logprobs.end(), logprobs.begin(), logprobs.end());
   }
   if (!stream_) {
-    text_ += text;
+    c.text += text;
   } else if (!text.empty()) {
-    pieces_.push_back({text, take_logprobs_locked()});
+    pieces_.push_back({index, text, take_logprobs_locked(index), false});
   }
   got_tokens_ = got_tokens_ || !ids.empty();
   cv_.notify_all();
 }
 
-void HttpCall::emit_end(const Status& status, const PipelineOutcome& outcome, const std::string& tail) {
+void HttpCall::choice_end(int index, const Status& status, const PipelineOutcome& outcome, const std::string& tail) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!stream_) {
-    text_ += tail;
-  } else if (!tail.empty() || !logprobs_out_.ids.empty()) {
-    pieces_.push_back({tail, take_logprobs_locked()});
+  Choice& c = choices_[static_cast<size_t>(index)];
+  if (c.ended) return;
+  c.ended = true;
+  c.outcome = outcome;
+  ++n_ended_;
+  if (!status.ok()) {
+    if (status_.ok()) status_ = status;  // the first failure is the request's
+  } else if (!stream_) {
+    c.text += tail;
+  } else {
+    pieces_.push_back({index, tail, take_logprobs_locked(index), true});
   }
-  ended_ = true;
+  cv_.notify_all();
+}
+
+void HttpCall::emit_end(const Status& status, const PipelineOutcome&, const std::string&) {
+  std::lock_guard<std::mutex> lock(mu_);
+  refused_ = true;
   status_ = status;
-  outcome_ = outcome;
   cv_.notify_all();
 }
 
@@ -124,17 +186,33 @@ std::optional<Status> HttpCall::abandoned() const {
   return std::nullopt;
 }
 
+void HttpCall::cancel_choices(const Status& why) {
+  for (const auto& call : calls_) call->cancel(why);
+}
+
 template <class Ready>
 void HttpCall::wait_locked(std::unique_lock<std::mutex>& lock, Ready ready) {
   while (!cv_.wait_for(lock, kPollInterval, ready)) {
     if (cancelling_) continue;
-    std::optional<Status> why = abandoned();
+    // A failed choice fails the request: the others end too (from here, not from the failed
+    // one's callback, which holds its pipeline's mutex).
+    std::optional<Status> why = status_.ok() ? abandoned() : std::optional<Status>(status_);
     if (!why) continue;
     cancelling_ = true;
-    lock.unlock();  // the pipeline's end comes back through emit_end, which takes mu_
-    cancel(*why);
+    lock.unlock();  // the choices' ends come back through choice_end, which takes mu_
+    cancel_choices(*why);
     lock.lock();
   }
+}
+
+PipelineOutcome HttpCall::usage_locked() const {
+  PipelineOutcome total = choices_.empty() ? PipelineOutcome{} : choices_[0].outcome;
+  total.n_prompt_tokens = total.n_generated = 0;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    if (i % static_cast<size_t>(n_) == 0) total.n_prompt_tokens += choices_[i].outcome.n_prompt_tokens;
+    total.n_generated += choices_[i].outcome.n_generated;
+  }
+  return total;
 }
 
 void HttpCall::serve(const httplib::Request& req, const std::string& body, httplib::Response& res) {
@@ -149,24 +227,32 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
     return parse_openai_request(header_.endpoint, body, *frontend().model, std::move(builder));
   };
   Result<OpenAiRequest> parsed = parse();
+  std::string label;
   if (parsed.ok()) {
     stream_ = parsed->stream;
     include_usage_ = parsed->include_usage;
-    logprobs_ = parsed->request.pipeline.sampling.top_logprobs >= 0;
-    logprobs_out_.tokenizer = frontend().model->tokenizer;
-    start(std::move(parsed->request), CallDeadline::max());
+    n_ = parsed->n;
+    label = parsed->label;
+    logprobs_ = parsed->choices.front().pipeline.sampling.top_logprobs >= 0;
+    choices_.resize(parsed->choices.size());
+    for (Choice& c : choices_) c.logprobs.tokenizer = frontend().model->tokenizer;
+    auto self = std::static_pointer_cast<HttpCall>(shared_from_this());
+    for (size_t i = 0; i < parsed->choices.size(); ++i) {
+      calls_.push_back(std::make_shared<ChoiceCall>(frontend(), self, static_cast<int>(i)));
+    }
+    for (size_t i = 0; i < calls_.size(); ++i) calls_[i]->run(std::move(parsed->choices[i]));
   } else {
     start(parsed.status(), CallDeadline::max());  // refused, after the drain's refusal
   }
 
   std::unique_lock<std::mutex> lock(mu_);
-  wait_locked(lock, [this] { return ended_ || (stream_ && got_tokens_); });
-  if (ended_ && !status_.ok()) {
+  wait_locked(lock, [this] { return ended_locked() || (stream_ && got_tokens_ && status_.ok()); });
+  if (ended_locked() && !status_.ok()) {
     set_error_response(res, status_);
     return;
   }
-  header_.id = response_id(header_.endpoint, request_id());
-  res.set_header("X-Request-Id", request_id());
+  header_.id = response_id(header_.endpoint, label);
+  res.set_header("X-Request-Id", label);
   if (!stream_) {
     send_whole(res);
     return;
@@ -180,48 +266,47 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
 }
 
 void HttpCall::send_whole(httplib::Response& res) {
-  for (const auto& [name, value] : timing_headers(outcome_)) res.set_header(name, value);
-  res.set_content(completion_body(header_, text_, outcome_, logprobs_ ? &logprobs_out_ : nullptr), "application/json");
+  const PipelineOutcome usage = usage_locked();
+  for (const auto& [name, value] : timing_headers(choices_[0].outcome)) res.set_header(name, value);
+  std::vector<ChoiceOut> out;
+  for (const Choice& c : choices_) out.push_back({c.text, c.outcome, logprobs_ ? &c.logprobs : nullptr});
+  res.set_content(completion_body(header_, out, usage), "application/json");
 }
 
 bool HttpCall::write_events(httplib::DataSink& sink) {
   // One chunk per piece of text, as OpenAI streams them (clients and benchmarks count chunks as
-  // tokens), all that have arrived in one write; the last piece rides in the final chunk.
+  // tokens), all that have arrived in one write; a choice's last piece carries its finish_reason.
   std::string out;
   bool done = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    wait_locked(lock, [this] { return ended_ || !pieces_.empty() || !role_sent_; });
-    bool first = !role_sent_;
-    role_sent_ = true;
+    wait_locked(lock, [this] { return ended_locked() || !pieces_.empty() || !opened_; });
     std::vector<Piece> pieces = std::move(pieces_);
     pieces_.clear();
-    const bool finished = ended_ && status_.ok();
-    Piece last;
-    if (finished && !pieces.empty()) {
-      last = std::move(pieces.back());
-      pieces.pop_back();
-    }
-    auto logprobs = [this](const Piece& p) { return logprobs_ && !p.logprobs.ids.empty() ? &p.logprobs : nullptr; };
-    if (!ended_ || finished) {
-      if (pieces.empty() && first && !finished) pieces.emplace_back();  // the opening chunk (chat: the role)
-      for (const Piece& piece : pieces) {
-        out += sse_event(chunk_body(header_, piece.text, first, nullptr, include_usage_, logprobs(piece)));
-        first = false;
+    const bool ended = ended_locked();
+    const bool failed = !status_.ok();
+    if (!failed) {
+      if (pieces.empty() && !opened_ && !ended) pieces.push_back({});  // the opening chunk (chat: the role)
+      for (const Piece& p : pieces) {
+        Choice& c = choices_[static_cast<size_t>(p.index)];
+        const LogprobsOut* lp = logprobs_ && !p.logprobs.ids.empty() ? &p.logprobs : nullptr;
+        out += sse_event(chunk_body(header_, p.index, p.text, !c.role_sent, p.last ? &c.outcome : nullptr,
+                                    include_usage_, lp));
+        c.role_sent = true;
       }
     }
-    if (finished) {
-      out += sse_event(chunk_body(header_, last.text, first, &outcome_, include_usage_, logprobs(last)));
-      if (include_usage_) out += sse_event(usage_chunk_body(header_, outcome_));
+    opened_ = true;
+    if (ended && !failed) {
+      if (include_usage_) out += sse_event(usage_chunk_body(header_, usage_locked()));
       out += kSseDone;
       done = true;
-    } else if (ended_) {
+    } else if (ended) {
       out += sse_event(error_body(http_status_of(status_.code()), status_));
       done = true;
     }
   }
   if (!sink.write(out.data(), out.size())) {
-    cancel(cancelled("the client closed the connection"));
+    cancel_choices(cancelled("the client closed the connection"));
     return false;
   }
   if (done) sink.done();
@@ -231,9 +316,9 @@ bool HttpCall::write_events(httplib::DataSink& sink) {
 void HttpCall::on_stream_released() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ended_) return;
+    if (ended_locked()) return;
   }
-  cancel(abandoned().value_or(cancelled("the response stream ended early")));
+  cancel_choices(abandoned().value_or(cancelled("the response stream ended early")));
 }
 
 }  // namespace

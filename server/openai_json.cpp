@@ -85,7 +85,6 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
   auto is_false = [](const Json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_empty = [](const Json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); };
   auto is_text = [](const Json& v) { return v.is_object() && v.value("type", Json()) == "text"; };
-  BATON_RETURN_IF_ERROR(off("n", is_one, "baton returns one choice per request (n = 1)"));
   BATON_RETURN_IF_ERROR(off("best_of", is_one, "baton returns one choice per request (best_of = 1)"));
   BATON_RETURN_IF_ERROR(off("echo", is_false, "the prompt is not echoed"));
   BATON_RETURN_IF_ERROR(off("logit_bias", is_empty, "baton does not bias logits"));
@@ -124,22 +123,45 @@ Result<int> read_logprobs(const Json& body, OpenAiEndpoint endpoint) {
   return n;
 }
 
-// A completions prompt: a string, token ids, or an array holding one of those.
-Status read_prompt(const Json& prompt, RequestBuilder& b) {
-  if (prompt.is_string()) return b.prompt_text(prompt.get<std::string>());
-  if (!prompt.is_array()) return wrong_type("prompt", "a string or an array of token ids", prompt);
+// The prompts of a completions request: a string, token ids, or an array of those (a choice each).
+Result<std::vector<const Json*>> read_prompts(const Json& prompt) {
+  if (prompt.is_string()) return std::vector<const Json*>{&prompt};
+  if (!prompt.is_array()) return wrong_type("prompt", "a string, token ids or an array of those", prompt);
   if (prompt.empty()) return invalid_argument("prompt is an empty array: send text or token ids");
-  if (prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) return read_prompt(prompt[0], b);
-  if (prompt[0].is_string() || prompt[0].is_array()) {
-    return invalid_argument("prompt holds " + std::to_string(prompt.size()) +
-                            " prompts: baton completes one per request (send each in its own)");
+  if (!prompt[0].is_string() && !prompt[0].is_array()) return std::vector<const Json*>{&prompt};  // token ids
+  if (prompt.size() > kMaxChoices) {
+    return invalid_argument("prompt holds " + std::to_string(prompt.size()) + " prompts; at most " +
+                            std::to_string(kMaxChoices) + " per request");
   }
+  std::vector<const Json*> out;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (!prompt[i].is_string() && !prompt[i].is_array()) {
+      return wrong_type("prompt[" + std::to_string(i) + "]", "a string or an array of token ids", prompt[i]);
+    }
+    out.push_back(&prompt[i]);
+  }
+  return out;
+}
+
+// One completions prompt: a string or token ids. `field` names it in errors.
+Status read_prompt(const Json& prompt, const std::string& field, RequestBuilder& b) {
+  if (prompt.is_string()) return b.prompt_text(prompt.get<std::string>());
+  if (prompt.empty()) return invalid_argument(field + " is an empty array: send text or token ids");
   std::vector<int32_t> ids;
   for (size_t i = 0; i < prompt.size(); ++i) {
-    BATON_ASSIGN_OR_RETURN(const int32_t id, as_int32(prompt[i], "prompt[" + std::to_string(i) + "]"));
+    BATON_ASSIGN_OR_RETURN(const int32_t id, as_int32(prompt[i], field + "[" + std::to_string(i) + "]"));
     ids.push_back(id);
   }
-  return b.prompt_ids(ids, "prompt");
+  return b.prompt_ids(ids, field);
+}
+
+// Choice j of a prompt draws with its own seed, derived from the request's, so that seed + n gives
+// the same n choices again (choice 0's is the seed itself: n = 1 draws what it always did).
+uint64_t choice_seed(uint64_t seed, int j) {
+  uint64_t x = seed + static_cast<uint64_t>(j) * 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return j == 0 ? seed : x ^ (x >> 31);
 }
 
 // Chat messages: content is a string, null, or text parts ({"type": "text", "text": ...}).
@@ -280,14 +302,28 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   }
   BATON_RETURN_IF_ERROR(refuse_unsupported(j, endpoint));
 
+  std::vector<const Json*> prompts;
   if (endpoint == OpenAiEndpoint::kCompletions) {
     const Json* prompt = member(j, "prompt");
     if (prompt == nullptr) return invalid_argument("prompt is missing");
-    BATON_RETURN_IF_ERROR(read_prompt(*prompt, b));
+    BATON_ASSIGN_OR_RETURN(prompts, read_prompts(*prompt));
   } else {
     const Json* messages = member(j, "messages");
     if (messages == nullptr) return invalid_argument("messages is missing");
     BATON_RETURN_IF_ERROR(read_messages(*messages, b));
+  }
+  int n = 1;
+  if (const Json* v = member(j, "n")) {
+    BATON_ASSIGN_OR_RETURN(n, as_int32(*v, "n"));
+    if (n < 1 || n > kMaxChoices) {
+      return invalid_argument("n must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(n));
+    }
+  }
+  const size_t n_prompts = std::max<size_t>(prompts.size(), 1);
+  if (n_prompts * static_cast<size_t>(n) > kMaxChoices) {
+    return invalid_argument("n = " + std::to_string(n) + " for " + std::to_string(n_prompts) + " prompts makes " +
+                            std::to_string(n_prompts * n) + " choices; at most " + std::to_string(kMaxChoices) +
+                            " per request");
   }
 
   // max_tokens: OpenAI's default is 16 for completions and the rest of the context for chat
@@ -379,7 +415,35 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
     BATON_ASSIGN_OR_RETURN(const double seconds, as_number(*v, "ttft_slo_seconds"));
     BATON_RETURN_IF_ERROR(b.ttft_slo(seconds, "ttft_slo_seconds"));
   }
-  BATON_ASSIGN_OR_RETURN(req.request, std::move(b).build());
+  // A choice per prompt and per n, in OpenAI's order: index = prompt · n + j.
+  std::vector<ValidRequest> bases;
+  if (prompts.empty()) {
+    BATON_ASSIGN_OR_RETURN(ValidRequest v, std::move(b).build());
+    bases.push_back(std::move(v));
+  } else {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestBuilder one = b;
+      // One label for the request: the client's, or the one made up for the first prompt.
+      if (!bases.empty()) BATON_RETURN_IF_ERROR(one.request_id(bases[0].pipeline.label));
+      const std::string field = prompts.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+      BATON_RETURN_IF_ERROR(read_prompt(*prompts[i], field, one));
+      Result<ValidRequest> v = std::move(one).build();
+      if (!v.ok()) {
+        return prompts.size() == 1 ? v.status() : Status(v.status().code(), field + ": " + v.status().message());
+      }
+      bases.push_back(std::move(*v));
+    }
+  }
+  req.n = n;
+  req.label = bases[0].pipeline.label;
+  for (const ValidRequest& base : bases) {
+    for (int c = 0; c < n; ++c) {
+      ValidRequest v = base;
+      v.pipeline.sampling.seed = choice_seed(base.pipeline.sampling.seed, c);
+      if (bases.size() * n > 1) v.pipeline.label += "-" + std::to_string(req.choices.size());
+      req.choices.push_back(std::move(v));
+    }
+  }
   return req;
 }
 
@@ -475,26 +539,31 @@ int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id) {
   return n;
 }
 
-std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& o,
-                            const LogprobsOut* logprobs) {
-  Json choice = {{"index", 0},
-                 {"logprobs", logprobs != nullptr ? logprobs_json(h.endpoint, *logprobs) : Json()},
-                 {"finish_reason", o.finish_reason}};
-  if (h.endpoint == OpenAiEndpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+std::string completion_body(const ResponseHeader& h, const std::vector<ChoiceOut>& choices, const PipelineOutcome& usage) {
+  Json array = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOut& c = choices[i];
+    Json choice = {{"index", i},
+                   {"logprobs", c.logprobs != nullptr ? logprobs_json(h.endpoint, *c.logprobs) : Json()},
+                   {"finish_reason", c.outcome.finish_reason}};
+    if (h.endpoint == OpenAiEndpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    if (choices.size() > 1) choice["baton"] = baton_json(c.outcome);
+    array.push_back(std::move(choice));
   }
   Json j = object_header(h, /*chunk=*/false);
-  j["choices"] = Json::array({choice});
-  j["usage"] = usage_json(o);
-  j["baton"] = baton_json(o);
+  j["choices"] = std::move(array);
+  j["usage"] = usage_json(usage);
+  j["baton"] = baton_json(choices.empty() ? usage : choices[0].outcome);
   return dump(j);
 }
 
-std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* o,
-                       bool include_usage, const LogprobsOut* logprobs) {
-  Json choice = {{"index", 0},
+std::string chunk_body(const ResponseHeader& h, int index, const std::string& text, bool first,
+                       const PipelineOutcome* o, bool include_usage, const LogprobsOut* logprobs) {
+  Json choice = {{"index", index},
                  {"logprobs", logprobs != nullptr ? logprobs_json(h.endpoint, *logprobs) : Json()},
                  {"finish_reason", o ? Json(o->finish_reason) : Json()}};
   if (h.endpoint == OpenAiEndpoint::kChat) {

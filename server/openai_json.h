@@ -27,10 +27,16 @@ namespace baton {
 enum class OpenAiEndpoint { kCompletions, kChat };
 
 inline constexpr int kMaxJsonDepth = 32;
+// Choices one request may ask for: prompts (completions' prompt list) times n.
+inline constexpr int kMaxChoices = 64;
 
-// A parsed request body.
+// A parsed request body: a request per choice (index = prompt · n + j; each of a prompt's n
+// choices draws with its own seed, derived from the request's), sharing everything else. Their
+// labels are the request's, with "-<index>" when there is more than one.
 struct OpenAiRequest {
-  ValidRequest request;
+  std::vector<ValidRequest> choices;
+  int n = 1;
+  std::string label;  // the request's: the client's id, or the one made up for it
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
 };
@@ -69,17 +75,24 @@ struct LogprobsOut {
 // The characters (code points) of token `id`'s text, as text_offset counts them.
 int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id);
 
-// The whole response (stream false): one choice with all the text, usage, and the "baton"
-// extension (timing breakdown, workers). `logprobs`: null when the request asked for none.
-std::string completion_body(const ResponseHeader& h, const std::string& text, const PipelineOutcome& outcome,
-                            const LogprobsOut* logprobs);
+// One choice of a whole response.
+struct ChoiceOut {
+  std::string text;
+  PipelineOutcome outcome;
+  const LogprobsOut* logprobs = nullptr;  // null when the request asked for none
+};
 
-// One streamed chunk with `text` (chat: the first carries the assistant role). `outcome`: on the
-// last chunk with a choice, its finish_reason (and the extension when `include_usage` is false,
-// since then no usage chunk follows). `include_usage`: chunks carry "usage": null, as OpenAI's do.
-// `logprobs`: those of the chunk's tokens (null: none asked).
-std::string chunk_body(const ResponseHeader& h, const std::string& text, bool first, const PipelineOutcome* outcome,
-                       bool include_usage, const LogprobsOut* logprobs);
+// The whole response (stream false): the choices (index = their position) with all their text,
+// `usage` (the choices' sum), and the "baton" extension (timing breakdown, workers) of the first
+// choice; with several choices each carries its own as well.
+std::string completion_body(const ResponseHeader& h, const std::vector<ChoiceOut>& choices, const PipelineOutcome& usage);
+
+// One streamed chunk of choice `index` with `text` (chat: a choice's first carries the assistant
+// role). `outcome`: on the choice's last chunk, its finish_reason (and the extension when
+// `include_usage` is false, since then no usage chunk follows). `include_usage`: chunks carry
+// "usage": null, as OpenAI's do. `logprobs`: those of the chunk's tokens (null: none).
+std::string chunk_body(const ResponseHeader& h, int index, const std::string& text, bool first,
+                       const PipelineOutcome* outcome, bool include_usage, const LogprobsOut* logprobs);
 // The usage chunk that ends a stream with include_usage: no choices, usage, the extension.
 std::string usage_chunk_body(const ResponseHeader& h, const PipelineOutcome& outcome);
 // One Server-Sent Event: "data: <json>\n\n".

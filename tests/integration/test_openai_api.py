@@ -246,7 +246,7 @@ def test_wrong_types_are_400_naming_the_field(api, field, value):
 
 
 @pytest.mark.parametrize("args,param", [
-    (dict(n=2), "n"), (dict(temperature=-1), "temperature"), (dict(top_p=1.5), "top_p"),
+    (dict(n=0), "n"), (dict(temperature=-1), "temperature"), (dict(top_p=1.5), "top_p"),
     (dict(max_tokens=5000), "max_tokens"), (dict(top_logprobs=3), "top_logprobs"),
     (dict(presence_penalty=2.5), "presence_penalty"), (dict(logit_bias={"5": 1}), "logit_bias"),
 ])

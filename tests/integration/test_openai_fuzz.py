@@ -118,12 +118,15 @@ class Fuzzer:
             "top_k": lambda: r.randint(0, 50),
             "seed": lambda: r.randint(-2**63, 2**64 - 1),
             "stop": lambda: r.choice([self.text(4), [self.text(4) for _ in range(r.randint(0, 20))]]),
-            "n": lambda: r.choice([1, 1, 2]),
+            "n": lambda: r.choice([1, 1, 2, 3, 100]),
             "stream_options": lambda: {"include_usage": r.random() < 0.5},
             "ignore_eos": lambda: r.random() < 0.5,
             "priority": lambda: r.choice([0, -5, 1, 2000]),
             "logprobs": lambda: r.choice([False, True, None]),
-            "presence_penalty": lambda: r.choice([0, 0.5]),
+            "presence_penalty": lambda: r.choice([0, 0.5, 2.5]),
+            "frequency_penalty": lambda: r.choice([0, -1.5, 3]),
+            "repetition_penalty": lambda: r.choice([1, 1.3, 0]),
+            "top_logprobs": lambda: r.randint(0, 25),
             "user": lambda: self.text(),
             "max_completion_tokens": lambda: r.randint(1, 12),
         }
@@ -195,7 +198,8 @@ def check_error(body, status):
 
 def check_completion(j, path):
     if "choices" in j and "usage" in j:
-        if len(j["choices"]) != 1 or j["choices"][0]["finish_reason"] not in ("stop", "length"):
+        if (not j["choices"] or [c["index"] for c in j["choices"]] != list(range(len(j["choices"])))
+                or any(c["finish_reason"] not in ("stop", "length") for c in j["choices"])):
             return f"a completion with choices {j['choices']!r}"
         return None
     if path.startswith("/v1/models") or path == "/health":

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -111,14 +112,14 @@ TEST_CASE("a completions body becomes the request it asks for", "[openai]") {
     if (round % 4 == 0) body["stream_options"] = {{"include_usage", true}};
     auto r = parse(OpenAiEndpoint::kCompletions, body);
     REQUIRE(r.ok());
-    const PipelineRequest& g = r->request.pipeline;
+    const PipelineRequest& g = r->choices.front().pipeline;
     CHECK(g.prompt_ids == encoded(prompt));
     CHECK(g.max_tokens == max_tokens);
     CHECK(g.sampling.temperature == static_cast<float>(temperature));
     CHECK(g.sampling.top_p == static_cast<float>(top_p));
     CHECK(g.sampling.top_k == top_k);
     CHECK(g.sampling.seed == seed);
-    CHECK(r->request.stop == stop);
+    CHECK(r->choices.front().stop == stop);
     CHECK(r->stream == (round % 2 == 0));
     CHECK(r->include_usage == (round % 4 == 0));
     CHECK(g.model_fingerprint == served().model.fingerprint);
@@ -130,19 +131,19 @@ TEST_CASE("OpenAI's defaults: 16 tokens for completions, the rest of the context
           "[openai]") {
   auto c = parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}});
   REQUIRE(c.ok());
-  CHECK(c->request.pipeline.max_tokens == 16);
-  CHECK(c->request.pipeline.sampling.temperature == 1.0f);
-  CHECK(c->request.pipeline.sampling.top_p == 1.0f);
+  CHECK(c->choices.front().pipeline.max_tokens == 16);
+  CHECK(c->choices.front().pipeline.sampling.temperature == 1.0f);
+  CHECK(c->choices.front().pipeline.sampling.top_p == 1.0f);
   CHECK_FALSE(c->stream);
   // 64 random bits each time: two requests without a seed draw different text.
   auto again = parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}});
   REQUIRE(again.ok());
-  CHECK(again->request.pipeline.sampling.seed != c->request.pipeline.sampling.seed);
+  CHECK(again->choices.front().pipeline.sampling.seed != c->choices.front().pipeline.sampling.seed);
 
   const Json chat_body = {{"messages", {{{"role", "user"}, {"content", "hello there"}}}}};
   auto chat = parse(OpenAiEndpoint::kChat, chat_body);
   REQUIRE(chat.ok());
-  const PipelineRequest& pr = chat->request.pipeline;
+  const PipelineRequest& pr = chat->choices.front().pipeline;
   CHECK(pr.max_tokens + static_cast<int64_t>(pr.prompt_ids.size()) == served().model.config.n_ctx);
   // Sent explicitly, 0 is the client's mistake, not the default.
   Json zero = chat_body;
@@ -155,28 +156,28 @@ TEST_CASE("OpenAI's defaults: 16 tokens for completions, the rest of the context
   newer["max_completion_tokens"] = 7;
   auto n = parse(OpenAiEndpoint::kChat, newer);
   REQUIRE(n.ok());
-  CHECK(n->request.pipeline.max_tokens == 7);
+  CHECK(n->choices.front().pipeline.max_tokens == 7);
   newer["max_tokens"] = 8;
   CHECK(parse(OpenAiEndpoint::kChat, newer).status().code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("every prompt form OpenAI allows for one prompt, and several are refused", "[openai]") {
+TEST_CASE("every prompt form OpenAI allows, one prompt or several", "[openai]") {
   std::mt19937 rng(test_seed());
   std::vector<int32_t> ids;
   for (int i = 0, n = 1 + static_cast<int>(rng() % 30); i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % 275));
   for (const Json& prompt : {Json(ids), Json::array({Json(ids)})}) {
     auto r = parse(OpenAiEndpoint::kCompletions, {{"prompt", prompt}});
     REQUIRE(r.ok());
-    CHECK(r->request.pipeline.prompt_ids == ids);
+    CHECK(r->choices.front().pipeline.prompt_ids == ids);
   }
   auto one = parse(OpenAiEndpoint::kCompletions, {{"prompt", {"just one"}}});
   REQUIRE(one.ok());
-  CHECK(one->request.pipeline.prompt_ids == encoded("just one"));
-  for (const Json& several : {Json({"a", "b"}), Json::array({Json(ids), Json(ids)})}) {
-    const Status st = parse(OpenAiEndpoint::kCompletions, {{"prompt", several}}).status();
-    CHECK(st.code() == StatusCode::kInvalidArgument);
-    CHECK(error_of(st)["param"] == "prompt");
-  }
+  CHECK(one->choices.front().pipeline.prompt_ids == encoded("just one"));
+  auto several = parse(OpenAiEndpoint::kCompletions, {{"prompt", Json::array({Json("a b"), Json(ids)})}});
+  REQUIRE(several.ok());
+  REQUIRE(several->choices.size() == 2);
+  CHECK(several->choices[0].pipeline.prompt_ids == encoded("a b"));
+  CHECK(several->choices[1].pipeline.prompt_ids == ids);
   // An id outside the vocabulary: validation names it, in OpenAI's name for the field.
   ids.push_back(275 + static_cast<int32_t>(rng() % 1000));
   const Status st = parse(OpenAiEndpoint::kCompletions, {{"prompt", ids}}).status();
@@ -205,7 +206,7 @@ TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are
   REQUIRE(text.ok());
   auto ids = served().tokenizer->encode(*text, /*parse_special=*/true);
   REQUIRE(ids.ok());
-  CHECK(r->request.pipeline.prompt_ids == *ids);
+  CHECK(r->choices.front().pipeline.prompt_ids == *ids);
 
   const Json image = {{{"role", "user"},
                        {"content", {{{"type", "text"}, {"text", a}}, {{"type", "image_url"}, {"image_url", "x"}}}}}};
@@ -267,7 +268,7 @@ TEST_CASE("a field of the wrong JSON type is named, in the message and as the er
 TEST_CASE("features baton does not have are refused by name unless off", "[openai]") {
   const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   const std::vector<std::pair<const char*, Json>> refused = {
-      {"n", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}},
+      {"best_of", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}},
       {"response_format", {{"type", "json_object"}}}};
   for (const auto& [field, value] : refused) {
     Json body = base;
@@ -302,7 +303,7 @@ TEST_CASE("logprobs and the penalties reach the sampling parameters; out of rang
   auto sampling = [](OpenAiEndpoint e, const Json& body) {
     auto r = parse(e, body);
     REQUIRE(r.ok());
-    return r->request.pipeline.sampling;
+    return r->choices.front().pipeline.sampling;
   };
   // Unset: no log-probabilities, no penalties.
   CHECK(sampling(OpenAiEndpoint::kChat, chat).top_logprobs == -1);
@@ -348,6 +349,46 @@ TEST_CASE("logprobs and the penalties reach the sampling parameters; out of rang
     CHECK(st.code() == StatusCode::kInvalidArgument);
     CHECK(error_of(st)["param"] == field);
   }
+}
+
+TEST_CASE("a prompt list and n make a choice each, in OpenAI's order, with seeds derived per choice", "[openai]") {
+  std::mt19937 rng(test_seed());
+  const int n_prompts = 1 + static_cast<int>(rng() % 4), n = 1 + static_cast<int>(rng() % 4);
+  Json prompts = Json::array();
+  for (int i = 0; i < n_prompts; ++i) prompts.push_back(i % 2 == 0 ? Json(random_text(rng, 5)) : Json({5 + i, 6, 7}));
+  const uint64_t seed = rng();
+  auto r = parse(OpenAiEndpoint::kCompletions, {{"prompt", prompts}, {"n", n}, {"seed", seed}, {"max_tokens", 3}});
+  REQUIRE(r.ok());
+  REQUIRE(r->choices.size() == static_cast<size_t>(n_prompts * n));
+  CHECK(r->n == n);
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < n_prompts; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const PipelineRequest& c = r->choices[static_cast<size_t>(i * n + j)].pipeline;
+      // A prompt's choices share its ids; choice 0 keeps the request's seed, the others differ.
+      CHECK(c.prompt_ids == r->choices[static_cast<size_t>(i * n)].pipeline.prompt_ids);
+      if (j == 0) CHECK(c.sampling.seed == seed);
+      seeds.insert(c.sampling.seed);
+      CHECK(c.label.rfind(r->label, 0) == 0);
+    }
+  }
+  CHECK(seeds.size() == static_cast<size_t>(n));
+  // The same request derives the same seeds.
+  auto again = parse(OpenAiEndpoint::kCompletions, {{"prompt", prompts}, {"n", n}, {"seed", seed}, {"max_tokens", 3}});
+  REQUIRE(again.ok());
+  for (size_t i = 0; i < r->choices.size(); ++i) CHECK(again->choices[i].pipeline.sampling.seed == r->choices[i].pipeline.sampling.seed);
+  // Bounds, and a bad prompt named by its place.
+  CHECK(parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"n", 0}}).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(parse(OpenAiEndpoint::kCompletions, {{"prompt", "x"}, {"n", kMaxChoices + 1}}).status().code() ==
+        StatusCode::kInvalidArgument);
+  const Status many = parse(OpenAiEndpoint::kCompletions, {{"prompt", {"a", "b", "c"}}, {"n", kMaxChoices / 2}}).status();
+  CHECK(many.code() == StatusCode::kInvalidArgument);
+  CHECK(error_of(many)["param"] == "n");
+  const Status bad = parse(OpenAiEndpoint::kCompletions, {{"prompt", Json::array({Json("ok"), Json::array()})}}).status();
+  CHECK(bad.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.message(), Catch::StartsWith("prompt[1]"));
+  CHECK(error_of(bad)["param"] == "prompt");
 }
 
 TEST_CASE("another model is NOT_FOUND (404, model_not_found) with the served one named", "[openai]") {
@@ -518,7 +559,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
     ResponseHeader h{e, response_id(e, "req-42"), static_cast<int64_t>(rng() % 2000000000), "test-model"};
     CHECK(h.id == (chat ? "chatcmpl-req-42" : "cmpl-req-42"));
 
-    const Json whole = Json::parse(completion_body(h, text, o, nullptr));
+    const Json whole = Json::parse(completion_body(h, {ChoiceOut{text, o, nullptr}}, o));
     CHECK(whole["id"] == h.id);
     CHECK(whole["object"] == (chat ? "chat.completion" : "text_completion"));
     CHECK(whole["created"].get<int64_t>() == h.created);
@@ -533,7 +574,7 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
     check_baton(whole["baton"]);
 
     for (bool include_usage : {false, true}) {
-      const Json first = Json::parse(chunk_body(h, text, /*first=*/true, nullptr, include_usage, nullptr));
+      const Json first = Json::parse(chunk_body(h, 0, text, /*first=*/true, nullptr, include_usage, nullptr));
       CHECK(first["object"] == (chat ? "chat.completion.chunk" : "text_completion"));
       CHECK(first["choices"][0]["finish_reason"].is_null());
       CHECK(first.contains("usage") == include_usage);
@@ -544,9 +585,9 @@ TEST_CASE("responses: the whole body, streamed chunks and the usage chunk carry 
       } else {
         CHECK(first["choices"][0]["text"] == text);
       }
-      const Json middle = Json::parse(chunk_body(h, "", /*first=*/false, nullptr, include_usage, nullptr));
+      const Json middle = Json::parse(chunk_body(h, 0, "", /*first=*/false, nullptr, include_usage, nullptr));
       if (chat) CHECK(middle["choices"][0]["delta"] == Json::object());  // nothing new
-      const Json last = Json::parse(chunk_body(h, "", /*first=*/false, &o, include_usage, nullptr));
+      const Json last = Json::parse(chunk_body(h, 0, "", /*first=*/false, &o, include_usage, nullptr));
       CHECK(last["choices"][0]["finish_reason"] == o.finish_reason);
       // The extension rides on the last chunk: this one, or the usage chunk after it.
       CHECK(last.contains("baton") == !include_usage);
