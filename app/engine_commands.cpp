@@ -72,6 +72,9 @@ struct GenerateArgs {
   int top_k = 0;
   float top_p = 1.0f;
   uint64_t seed = 0;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
   int prefill_chunk = 0;
   bool print_ids = false;
   bool ignore_eos = false;
@@ -137,6 +140,9 @@ int run_generate(const GenerateArgs& a) {
   GenerateOptions go;
   go.max_tokens = a.max_tokens;
   go.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  go.sampling.presence_penalty = a.presence_penalty;
+  go.sampling.frequency_penalty = a.frequency_penalty;
+  go.sampling.repetition_penalty = a.repetition_penalty;
   go.prefill_chunk = a.prefill_chunk;
   go.ignore_eos = a.ignore_eos;
   go.stop_ids = tok.stop_ids();
@@ -314,6 +320,10 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   g->add_option("--top-k", gen->top_k, "Keep the k most likely tokens (0: all)");
   g->add_option("--top-p", gen->top_p, "Nucleus sampling mass in (0, 1]");
   g->add_option("--seed", gen->seed, "Sampling seed");
+  g->add_option("--presence-penalty", gen->presence_penalty, "Subtracted from the logit of every token already generated");
+  g->add_option("--frequency-penalty", gen->frequency_penalty, "Subtracted once per time the token was generated");
+  g->add_option("--repetition-penalty", gen->repetition_penalty,
+                "Hugging Face's: divides the positive (multiplies the negative) logits of prompt and output tokens");
   g->add_option("--prefill-chunk", gen->prefill_chunk, "Prompt tokens per prefill step (0: whole prompt)")
       ->check(CLI::NonNegativeNumber);
   g->add_flag("--print-ids", gen->print_ids, "Print generated token ids instead of text");

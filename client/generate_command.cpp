@@ -29,6 +29,10 @@ struct GenerateArgs {
   float top_p = 1.0f;  // sent only when given
   bool has_top_p = false;
   uint64_t seed = 0;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int logprobs = -1;  // >= 0: print each token's log-probability and this many alternatives
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int priority = 0;
@@ -120,6 +124,10 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
   sampling->set_top_k(a.top_k);
   if (a.has_top_p) sampling->set_top_p(a.top_p);
   sampling->set_seed(a.seed);
+  sampling->set_presence_penalty(a.presence_penalty);
+  sampling->set_frequency_penalty(a.frequency_penalty);
+  if (a.repetition_penalty != 1.0f) sampling->set_repetition_penalty(a.repetition_penalty);
+  if (a.logprobs >= 0) sampling->set_top_logprobs(a.logprobs);
   request.set_max_tokens(a.max_tokens);
   for (const std::string& s : a.stop) request.add_stop(s);
   request.set_ignore_eos(a.ignore_eos);
@@ -138,6 +146,7 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
   const Clock::time_point start = Clock::now();
   double ttft_s = 0;
   std::vector<int32_t> ids;
+  std::vector<v1::TokenLogprob> logprobs;
   bool wrote_text = false;
   bool ends_with_newline = false;
   bool has_final = false;
@@ -150,6 +159,7 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
       ttft_s = std::chrono::duration<double>(Clock::now() - start).count();
     }
     ids.insert(ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    logprobs.insert(logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
     if (!a.print_ids && !msg.text().empty()) {
       std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
       std::fflush(stdout);
@@ -178,6 +188,14 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
   if (interrupts.interrupted()) return fail(kExitInterrupted, "interrupted: the request was cancelled");
   if (!status.ok()) return fail(kExitFailure, status_to_string(status));
   if (!has_final) return fail(kExitFailure, "the stream ended without a final message (server bug?)");
+  // One line per token: its id and log-probability, then the alternatives as id:logprob.
+  for (const v1::TokenLogprob& lp : logprobs) {
+    std::fprintf(stderr, "token %d %.4f |", lp.token_id(), static_cast<double>(lp.logprob()));
+    for (int k = 0; k < lp.top_token_ids_size() && k < lp.top_logprobs_size(); ++k) {
+      std::fprintf(stderr, " %d:%.4f", lp.top_token_ids(k), static_cast<double>(lp.top_logprobs(k)));
+    }
+    std::fprintf(stderr, "\n");
+  }
   print_timing(final, ttft_s, e2e_s, static_cast<int>(ids.size()));
   return kExitOk;
 }
@@ -208,6 +226,16 @@ void add_generate_command(CLI::App& app, std::function<int(InterruptWatcher&)>* 
        "Nucleus sampling mass in (0, 1]")
       ->check(CLI::Range(0.0f, 1.0f));
   g->add_option("--seed", a->seed, "Sampling seed: same seed, same prompt, same text");
+  g->add_option("--presence-penalty", a->presence_penalty, "Subtracted from the logit of every token already generated")
+      ->check(CLI::Range(-2.0f, 2.0f));
+  g->add_option("--frequency-penalty", a->frequency_penalty,
+                "Subtracted from a token's logit once per time it was generated")
+      ->check(CLI::Range(-2.0f, 2.0f));
+  g->add_option("--repetition-penalty", a->repetition_penalty,
+                "Hugging Face's: divides the positive (multiplies the negative) logits of prompt and output tokens")
+      ->check(CLI::Range(0.05f, 20.0f));
+  g->add_option("--logprobs", a->logprobs, "Print each token's log-probability and this many alternatives (stderr)")
+      ->check(CLI::Range(0, 20));
   g->add_option("--stop", a->stop, "Stop when the text contains this string (repeatable)");
   g->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
   g->add_option("--priority", a->priority, "Higher runs first when requests wait for capacity");

@@ -79,6 +79,26 @@ def test_generate_ids_equal_single_process(batonctl, baton_bin, test_model, serv
         assert re.search(r"^prefill worker prefill-[0-9a-f]{8} \| decode worker decode-[0-9a-f]{8}$", err, re.M), err
 
 
+def test_generate_with_penalties_and_logprobs_equals_single_process(batonctl, baton_bin, test_model, server_factory,
+                                                                    rng, vocab):
+    srv = server_factory(test_model, "--dtype", "f32")
+    prompt = ",".join(str(rng.randrange(3, vocab)) for _ in range(20))
+    penalties = ["--presence-penalty", "0.8", "--frequency-penalty", "0.5", "--repetition-penalty", "1.3"]
+    want = subprocess.run([str(baton_bin), "generate", "--model", str(test_model), "--prompt-ids", prompt,
+                           "--max-tokens", "12", "--print-ids", "--ignore-eos", "--dtype", "f32", *penalties],
+                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    got = run(batonctl, "generate", "--address", srv.address, "--prompt-ids", prompt, "--max-tokens", "12",
+              "--ignore-eos", "--print-ids", "--logprobs", "3", *penalties)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == want
+    # A line per token: its id, its log-probability, three alternatives.
+    lines = re.findall(r"^token (\d+) (-?[0-9.]+) \|((?: \d+:-?[0-9.]+){3})$", got.stderr, re.M)
+    assert [int(t) for t, _, _ in lines] == [int(t) for t in want.split(",")], got.stderr
+    assert all(float(lp) <= 0 for _, lp, _ in lines)
+    bad = run(batonctl, "generate", "--address", srv.address, "--prompt-ids", prompt, "--presence-penalty", "3")
+    assert bad.returncode != 0 and "--presence-penalty" in bad.stderr
+
+
 def test_generate_streams_text(batonctl, shared_server):
     got = run(batonctl, "generate", "--address", shared_server.address, "--prompt", "The quick brown fox",
               "--max-tokens", "6", "--ignore-eos", "--temperature", "0.8", "--seed", "3", "--request-id", "ctl-text")
