@@ -2,11 +2,13 @@
 // batch size B it prefills B sequences of C random prompt tokens, then times decode steps (one
 // token per sequence, greedy sampling in the step, the KV growing by one position each) and
 // reports ms per step and output tokens/s. BATON_PROFILE=1 adds the per-op breakdown of the last
-// batch size's decode steps at exit.
+// batch size's decode steps at exit. --logprobs K asks each step for every sequence's
+// log-probabilities with K alternatives; --penalties sets presence, frequency and repetition
+// penalties over each sequence's prompt and output (what a penalised request costs a step).
 // Output is a Markdown table (bench/RESULTS.md keeps the measured ones).
 //
 //   baton_bench_decode MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16]
-//                      [--weights native|dense] [--threads T]
+//                      [--weights native|dense] [--threads T] [--logprobs K] [--penalties 1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "kv/block_pool.h"
 #include "model/model.h"
 #include "model/model_files.h"
+#include "model/sampler.h"
 
 using namespace baton;
 
@@ -29,7 +32,7 @@ double now() {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16] "
-               "[--weights native|dense] [--threads T]\n",
+               "[--weights native|dense] [--threads T] [--logprobs K] [--penalties 1]\n",
                argv0);
   return 2;
 }
@@ -39,7 +42,8 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   if (argc < 2) return usage(argv[0]);
   std::vector<int> batches;
-  int context = 256, steps = 64, threads = 0;
+  int context = 256, steps = 64, threads = 0, logprobs = -1;
+  bool penalties = false;
   DType kv_dtype = DType::kF32;
   Model::Weights weights = Model::Weights::kNative;
   for (int i = 2; i < argc; ++i) {
@@ -54,6 +58,10 @@ int main(int argc, char** argv) {
       steps = std::stoi(val);
     } else if (arg == "--threads") {
       threads = std::stoi(val);
+    } else if (arg == "--logprobs") {
+      logprobs = std::stoi(val);
+    } else if (arg == "--penalties") {
+      penalties = val != "0";
     } else if (arg == "--kv-dtype" && (val == "f32" || val == "bf16")) {
       kv_dtype = val == "f32" ? DType::kF32 : DType::kBF16;
     } else if (arg == "--weights" && (val == "native" || val == "dense")) {
@@ -85,7 +93,17 @@ int main(int argc, char** argv) {
   }
   const ModelConfig& c = (*model)->config();
   constexpr int kBlock = 16;
-  std::printf("| batch | context | KV | weights | ms per step | output tok/s |\n|---|---|---|---|---|---|\n");
+  SamplingParams sp;
+  sp.top_logprobs = logprobs;
+  if (penalties) {
+    sp.presence_penalty = 0.5f;
+    sp.frequency_penalty = 0.5f;
+    sp.repetition_penalty = 1.2f;
+  }
+  char sampling[64];
+  std::snprintf(sampling, sizeof sampling, "greedy%s%s", penalties ? ", penalties" : "",
+                logprobs >= 0 ? (", logprobs " + std::to_string(logprobs)).c_str() : "");
+  std::printf("| batch | context | KV | weights | sampling | ms per step | output tok/s |\n|---|---|---|---|---|---|---|\n");
   for (int b : batches) {
     const int blocks_per_seq = (context + steps + kBlock) / kBlock + 1;
     BlockPool pool(b * blocks_per_seq, kBlock);
@@ -94,6 +112,8 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
     std::vector<int32_t> last(static_cast<size_t>(b));
     std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> token_logprobs;
+    std::vector<Sampler> samplers(static_cast<size_t>(b), Sampler(sp));
     const SampleSpec greedy;
     for (int s = 0; s < b; ++s) {  // one prefill per sequence, as prefill workers hand them over
       std::vector<int32_t> prompt(static_cast<size_t>(context));
@@ -103,9 +123,11 @@ int main(int argc, char** argv) {
       batch.add(prompt, 0, tables[s], Logits::kLast);
       (*model)->forward_sample(batch, *cache, std::span(&greedy, 1), {}, &tokens, nullptr);
       last[s] = tokens[0];
+      samplers[s].set_history(prompt, std::span(&last[s], 1));
     }
     reset_op_profile();  // BATON_PROFILE: the decode steps only (the last batch size's)
-    const std::vector<SampleSpec> specs(static_cast<size_t>(b));
+    std::vector<SampleSpec> specs(static_cast<size_t>(b));
+    std::vector<LogitAdjust> adjust;
     std::vector<double> times;
     for (int step = 0; step < steps; ++step) {
       const int32_t pos = context + step;
@@ -114,15 +136,22 @@ int main(int argc, char** argv) {
         pool.grow_to(tables[s], pos + 1);
         batch.add(std::span(&last[s], 1), pos, tables[s], Logits::kLast);
       }
+      // The step as a decode worker takes it: its sequences' specs and penalties gathered, sampled.
       const double t0 = now();
-      (*model)->forward_sample(batch, *cache, specs, {}, &tokens, nullptr);
+      adjust.clear();
+      for (int s = 0; s < b; ++s) {
+        samplers[s].adjustments(s, &adjust);
+        specs[s] = samplers[s].spec_at(pos + 1);
+      }
+      (*model)->forward_sample(batch, *cache, specs, adjust, &tokens, &token_logprobs);
+      for (int s = 0; s < b; ++s) samplers[s].observe(tokens[s]);
       times.push_back(now() - t0);
       for (int s = 0; s < b; ++s) last[s] = tokens[s];
     }
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
-    std::printf("| %d | %d–%d | %s | %s | %.2f | %.1f |\n", b, context, context + steps, dtype_name(kv_dtype),
-                weights == Model::Weights::kNative ? "native" : "dense", median * 1e3, b / median);
+    std::printf("| %d | %d–%d | %s | %s | %s | %.2f | %.1f |\n", b, context, context + steps, dtype_name(kv_dtype),
+                weights == Model::Weights::kNative ? "native" : "dense", sampling, median * 1e3, b / median);
     std::fflush(stdout);
   }
   return 0;

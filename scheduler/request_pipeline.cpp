@@ -327,7 +327,8 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
   if (wants_logprobs() && !u.logprobs) {
-    failover_locked(g, "prefill", "the prefill worker", internal_error("its first token came without the log-probabilities asked for"));
+    failover_locked(g, "prefill", "the prefill worker",
+                    internal_error("its first token came without the log-probabilities asked for"));
     return;
   }
   first_token_locked(g, u.token_id, u.logprobs ? &*u.logprobs : nullptr, u.queue_seconds, u.prefill_seconds,

@@ -103,8 +103,6 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
 Result<int> read_logprobs(const Json& body, OpenAiEndpoint endpoint) {
   const Json* lp = member(body, "logprobs");
   const Json* top = member(body, "top_logprobs");
-  if (lp != nullptr && lp->is_null()) lp = nullptr;
-  if (top != nullptr && top->is_null()) top = nullptr;
   if (endpoint == OpenAiEndpoint::kCompletions) {
     if (top != nullptr) return invalid_argument("top_logprobs is a chat parameter: completions take logprobs = 0 to 5");
     if (lp == nullptr) return -1;
@@ -359,15 +357,15 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (const Json* v = member(j, "top_k")) {
     BATON_ASSIGN_OR_RETURN(s.top_k, as_int32(*v, "top_k"));
   }
-  if (const Json* v = member(j, "presence_penalty"); v != nullptr && !v->is_null()) {
+  if (const Json* v = member(j, "presence_penalty")) {
     BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "presence_penalty"));
     s.presence_penalty = static_cast<float>(p);
   }
-  if (const Json* v = member(j, "frequency_penalty"); v != nullptr && !v->is_null()) {
+  if (const Json* v = member(j, "frequency_penalty")) {
     BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "frequency_penalty"));
     s.frequency_penalty = static_cast<float>(p);
   }
-  if (const Json* v = member(j, "repetition_penalty"); v != nullptr && !v->is_null()) {
+  if (const Json* v = member(j, "repetition_penalty")) {
     BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "repetition_penalty"));
     s.repetition_penalty = static_cast<float>(p);
   }

@@ -67,7 +67,21 @@ class FakeWorkers final : public WorkerClient {
     std::vector<int32_t> tokens;    // prompt + generated so far (incl. the first token)
     int32_t n_generated = 0;
     bool attached = false;
+    bool logprobs = false;  // the sampling asks for log-probabilities
   };
+
+  // What the fake workers say a token's log-probability is: a function of the token, so that a
+  // test can tell each value went with its own token.
+  static TokenLogprobs fake_logprob(int32_t token) {
+    TokenLogprobs lp;
+    lp.logprob = -0.25f * static_cast<float>(token % 13) - 0.125f;
+    lp.n_top = 1;
+    lp.top_ids[0] = token;
+    lp.top_logprobs[0] = lp.logprob;
+    return lp;
+  }
+  // Workers that send tokens without the log-probabilities asked for (a broken worker).
+  std::set<std::string> no_logprobs;
 
   std::set<std::string> dead;
   // Stopped, or cut off by the network: its calls neither progress nor fail, and its load polls
@@ -151,6 +165,7 @@ class FakeWorkers final : public WorkerClient {
         Seq s;
         s.max_tokens = c.admit.max_tokens;
         s.ignore_eos = c.admit.ignore_eos;
+        s.logprobs = c.admit.sampling.top_logprobs >= 0 && no_logprobs.count(c.address) == 0;
         if (!c.admit.prefill_ids.empty()) {  // local prefill: nothing else will come
           REQUIRE(static_cast<int32_t>(c.admit.prefill_ids.size()) == c.admit.n_prompt_tokens);
           s.local = true;
@@ -168,6 +183,9 @@ class FakeWorkers final : public WorkerClient {
         if (c.prefill_step == 0) {
           PrefillUpdate u;
           u.token_id = next_token(seq);
+          if (c.prefill.sampling.top_logprobs >= 0 && no_logprobs.count(c.address) == 0) {
+            u.logprobs = fake_logprob(u.token_id);
+          }
           u.cached_tokens = static_cast<int32_t>(seq.size() / 2);  // what a prefix cache might hold
           ++c.prefill_step;
           c.on_prefill(u);
@@ -207,6 +225,7 @@ class FakeWorkers final : public WorkerClient {
           s.tokens.push_back(t);
           s.n_generated = 1;
           u.token_ids.push_back(t);
+          if (s.logprobs) u.logprobs.push_back(fake_logprob(t));
           u.first_token_included = true;
         }
         const bool stopped_at_first = !s.ignore_eos && s.tokens.back() == kEos;
@@ -215,6 +234,7 @@ class FakeWorkers final : public WorkerClient {
           s.tokens.push_back(t);
           ++s.n_generated;
           u.token_ids.push_back(t);
+          if (s.logprobs) u.logprobs.push_back(fake_logprob(t));
           if (t == kEos && !s.ignore_eos) break;
         }
         const bool eos = !s.ignore_eos && s.tokens.back() == kEos;
@@ -291,6 +311,7 @@ struct World {
   FakeWorkers workers;
   PipelineDeps deps;
   std::vector<std::string> prefill_addrs, decode_addrs;
+  SamplingParams sampling;  // every request's that start() makes
 
   // `ip_addresses`: workers at 10.0.1.i:50051 (prefill) and 10.0.2.i:50051 (decode), else p:i, d:i.
   // local_prefill: decode workers prefill prompts of up to this many tokens themselves (and the
@@ -341,6 +362,7 @@ struct World {
     r.max_tokens = max_tokens;
     r.ignore_eos = ignore_eos;
     r.stop_ids = {kEos};
+    r.sampling = sampling;
     r.arrival = h.clock.now();
     auto p = RequestPipeline::create(deps, std::move(r), sink);
     p->start();

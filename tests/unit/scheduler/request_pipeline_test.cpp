@@ -398,3 +398,54 @@ TEST_CASE("pipeline: what a client reads names the request by its label, never a
     w.check_clean();
   }
 }
+
+TEST_CASE("pipeline: log-probabilities go with their own tokens through failovers; a worker that drops them is failed over",
+          "[pipeline]") {
+  std::mt19937 rng(test_seed("pipeline logprobs"));
+  auto check_aligned = [](const RecordingSink& sink) {
+    REQUIRE(sink.logprobs.size() == sink.tokens.size());
+    for (size_t i = 0; i < sink.tokens.size(); ++i) {
+      CHECK(sink.logprobs[i].logprob == FakeWorkers::fake_logprob(sink.tokens[i]).logprob);
+      CHECK(sink.logprobs[i].top_ids[0] == sink.tokens[i]);
+    }
+  };
+  int broken_failovers = 0;
+  for (int round = 0; round < 6; ++round) {
+    INFO("round " << round);
+    World w(2, 2);
+    w.sampling.top_logprobs = 1;
+    const bool broken = round % 2 == 1;
+    // A broken worker of each role: the pipeline must leave it and finish on the other.
+    if (broken) w.workers.no_logprobs = {w.decode_addrs[rng() % 2], w.prefill_addrs[rng() % 2]};
+    auto sink = std::make_shared<RecordingSink>();
+    const auto prompt = prompt_without_eos(rng, 20);
+    auto p = w.start(sink, prompt, 24);
+    // Kill the decode worker of the attempt once some tokens are out (and a failover follows).
+    for (int guard = 0; guard < 1000 && p->state() != PipelineState::kEnded; ++guard) {
+      if (!broken && sink->tokens.size() >= 5) {
+        for (const auto& [id, c] : w.workers.calls) {
+          if (c->request_id == p->attempt_id() && c->kind == FakeWorkers::Call::Kind::kStream) {
+            w.workers.kill(c->address);
+            break;
+          }
+        }
+        break;
+      }
+      const auto ready = w.workers.ready();
+      if (ready.empty()) break;
+      w.workers.step(ready[rng() % ready.size()]);
+    }
+    w.run(&rng);
+    REQUIRE(sink->n_end == 1);
+    if (!sink->status.ok()) {
+      // Both broken workers drawn where the attempts went, past max_failovers: it says why.
+      CHECK_THAT(sink->status.message(), Catch::Contains("log-probabilities"));
+      continue;
+    }
+    CHECK(sink->tokens == reference(prompt, 24, false));
+    check_aligned(*sink);
+    if (broken) broken_failovers += sink->outcome.failovers;
+    if (!broken) CHECK(sink->outcome.failovers >= 1);
+  }
+  CHECK(broken_failovers > 0);  // some attempt met a broken worker and left it
+}
