@@ -399,7 +399,7 @@ TEST_CASE("pipeline: what a client reads names the request by its label, never a
   }
 }
 
-TEST_CASE("pipeline: log-probabilities go with their own tokens through failovers; a worker that drops them is failed over",
+TEST_CASE("pipeline: log-probabilities go with their own tokens through failovers, and a worker that drops them is failed over",
           "[pipeline]") {
   std::mt19937 rng(test_seed("pipeline logprobs"));
   auto check_aligned = [](const RecordingSink& sink) {

@@ -296,7 +296,7 @@ TEST_CASE("features baton does not have are refused by name unless off", "[opena
         StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("logprobs and the penalties reach the sampling parameters; out of range is refused by name", "[openai]") {
+TEST_CASE("logprobs and the penalties reach the sampling parameters, and out of range is refused by name", "[openai]") {
   std::mt19937 rng(test_seed());
   const Json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   const Json completion = {{"prompt", "hi"}};
