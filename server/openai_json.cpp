@@ -346,28 +346,19 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
 
   SamplingParams s;
   s.temperature = 1.0f;
-  if (const Json* v = member(j, "temperature")) {
-    BATON_ASSIGN_OR_RETURN(const double t, as_number(*v, "temperature"));
-    s.temperature = static_cast<float>(t);
-  }
-  if (const Json* v = member(j, "top_p")) {
-    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "top_p"));
-    s.top_p = static_cast<float>(p);
+  // The float fields: a number when present, else the default already in `s`.
+  for (const auto& [name, field] : {std::pair<const char*, float*>{"temperature", &s.temperature},
+                                    {"top_p", &s.top_p},
+                                    {"presence_penalty", &s.presence_penalty},
+                                    {"frequency_penalty", &s.frequency_penalty},
+                                    {"repetition_penalty", &s.repetition_penalty}}) {
+    if (const Json* v = member(j, name)) {
+      BATON_ASSIGN_OR_RETURN(const double x, as_number(*v, name));
+      *field = static_cast<float>(x);
+    }
   }
   if (const Json* v = member(j, "top_k")) {
     BATON_ASSIGN_OR_RETURN(s.top_k, as_int32(*v, "top_k"));
-  }
-  if (const Json* v = member(j, "presence_penalty")) {
-    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "presence_penalty"));
-    s.presence_penalty = static_cast<float>(p);
-  }
-  if (const Json* v = member(j, "frequency_penalty")) {
-    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "frequency_penalty"));
-    s.frequency_penalty = static_cast<float>(p);
-  }
-  if (const Json* v = member(j, "repetition_penalty")) {
-    BATON_ASSIGN_OR_RETURN(const double p, as_number(*v, "repetition_penalty"));
-    s.repetition_penalty = static_cast<float>(p);
   }
   BATON_ASSIGN_OR_RETURN(s.top_logprobs, read_logprobs(j, endpoint));
   if (const Json* v = member(j, "seed")) {
