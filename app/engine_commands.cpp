@@ -139,7 +139,10 @@ int run_generate(const GenerateArgs& a) {
 
   GenerateOptions go;
   go.max_tokens = a.max_tokens;
-  go.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  go.sampling.temperature = a.temperature;
+  go.sampling.top_k = a.top_k;
+  go.sampling.top_p = a.top_p;
+  go.sampling.seed = a.seed;
   go.sampling.presence_penalty = a.presence_penalty;
   go.sampling.frequency_penalty = a.frequency_penalty;
   go.sampling.repetition_penalty = a.repetition_penalty;

@@ -168,6 +168,7 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   dc.name = name;
   dc.local_prefill_max_tokens = a.local_prefill_max_tokens;
   dc.local_prefill_token_budget = a.local_prefill_token_budget;
+  dc.constraints = std::make_shared<OutputConstraints>(*r->m.files.tokenizer, r->m.model->config().n_vocab);
   BATON_ASSIGN_OR_RETURN(r->engine, DecodeEngine::create(*r->m.model, r->m.files.tokenizer->stop_ids(), dc, metrics));
   log_kv_pool("decode", dc.n_blocks, dc.block_size, decode_kv_block_bytes(r->m.model->config(), dc.block_size, dc.kv_dtype));
   r->engine->start();
@@ -200,6 +201,7 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   // send after the prefill.
   pc.stream_kv = a.kv_stream && a.kv_transport == "tcp";
   pc.prefix_cache_blocks = a.prefix_cache_blocks;
+  pc.constraints = std::make_shared<OutputConstraints>(*r->m.files.tokenizer, r->m.model->config().n_vocab);
   BATON_RETURN_IF_ERROR(validate_prefill_config(pc));
   r->transport = make_kv_transport(a, sec);
   r->engine = std::make_unique<PrefillEngine>(*r->m.model, *r->transport, pc, metrics);

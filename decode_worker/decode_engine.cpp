@@ -72,8 +72,10 @@ void DecodeEngine::stop() {
 
 // ---- admission ----------------------------------------------------------------------------------
 
-Status DecodeEngine::admit(const DecodeAdmit& r, int64_t* reserved_blocks) {
+Status DecodeEngine::admit(const DecodeAdmit& admitted, int64_t* reserved_blocks) {
   const ModelConfig& mc = model_.config();
+  DecodeAdmit r = admitted;
+  BATON_RETURN_IF_ERROR(resolve_format(config_.constraints.get(), "decode worker " + config_.name, &r.sampling));
   if (r.request_id.empty()) return invalid_argument("request_id is empty");
   if (r.model_fingerprint != model_.fingerprint()) {
     return failed_precondition("request " + r.request_id + " is for model fingerprint '" + r.model_fingerprint +

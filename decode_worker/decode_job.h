@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/config.h"
+#include "model/output_constraints.h"
 #include "model/sampler.h"
 
 namespace baton {
@@ -30,6 +31,9 @@ struct DecodeConfig {
   // Most prompt tokens one decode step prefills (chunked prefill, as Sarathi-Serve does): bounds how
   // long a step, and so every running sequence's next token, waits for prompts.
   int local_prefill_token_budget = 512;
+  // Structured output: formats compiled against the model's vocabulary;
+  // null: requests with a response format are refused.
+  std::shared_ptr<OutputConstraints> constraints;
 };
 
 // INVALID_ARGUMENT naming the field when a value is out of range (the one place it is checked).

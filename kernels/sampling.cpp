@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,19 @@ int32_t sample_logits(std::span<const float> logits, const SampleSpec& spec) {
   return candidates[keep - 1].second;
 }
 
+int32_t mask_logits(std::span<float> logits, const uint32_t* allowed) {
+  constexpr float kLowest = std::numeric_limits<float>::lowest();
+  int32_t n_allowed = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if ((allowed[i / 32] >> (i % 32)) & 1u) {
+      ++n_allowed;
+    } else if (std::isfinite(logits[i])) {
+      logits[i] = kLowest;
+    }
+  }
+  return n_allowed;
+}
+
 namespace {
 
 double log_sum_exp(std::span<const float> logits) {
@@ -133,7 +147,16 @@ int32_t sample_row(std::span<float> logits, const SampleSpec& spec, std::span<co
     raw.push_back(l);
     l = adjusted_logit(l, a.repetition, a.subtract);
   }
-  const int32_t token = sample_logits(logits, spec);
+  int32_t token;
+  if (spec.allowed != nullptr) {
+    SampleSpec masked = spec;
+    const int32_t n_allowed = mask_logits(logits, spec.allowed);
+    const int32_t cap = std::max(n_allowed, 1);
+    masked.top_k = spec.top_k > 0 ? std::min(spec.top_k, cap) : cap;
+    token = sample_logits(logits, masked);
+  } else {
+    token = sample_logits(logits, spec);
+  }
   if (want && token >= 0) {
     float value = logits[static_cast<size_t>(token)];
     for (size_t i = 0; i < adjust.size(); ++i) {

@@ -15,6 +15,10 @@ struct SampleSpec {
   float top_p = 1.0f;        // then the smallest prefix (by logit, descending) whose mass reaches top_p
   double u = 0.0;            // uniform in [0, 1): picks the token by cumulative probability
   int32_t top_logprobs = -1;  // >= 0: return the token's log-probability and this many alternatives' (TokenLogprobs)
+  // Structured output: the tokens that may be drawn, a bit each (bit t % 32 of word t / 32) over
+  // the row's logits, in host memory (a device backend copies it); null: every token. The others
+  // are never drawn; log-probabilities stay those of the raw logits.
+  const uint32_t* allowed = nullptr;
 };
 
 // A change to one logit before it is sampled (the penalties of model/sampler.h):
@@ -52,10 +56,17 @@ inline constexpr int32_t kNonFiniteLogits = -1;
 int32_t sample_logits(std::span<const float> logits, const SampleSpec& spec);
 
 // One row as a backend samples it: the log-probabilities of the raw row when spec.top_logprobs
-// >= 0 (into *logprobs), then `adjust` (this row's entries) applied to `logits` in place, then
-// sample_logits. The reference every backend's sample() matches.
+// >= 0 (into *logprobs), then `adjust` (this row's entries) applied to `logits` in place, then the
+// tokens spec.allowed leaves out set to the lowest float (mask_logits), then sample_logits with
+// top_k at most the number allowed (so that top-k and top-p choose among allowed tokens only).
+// The reference every backend's sample() matches.
 int32_t sample_row(std::span<float> logits, const SampleSpec& spec, std::span<const LogitAdjust> adjust,
                    TokenLogprobs* logprobs);
+
+// Sets every finite logit whose token `allowed` leaves out to the lowest float, which no allowed
+// token's logit is below and whose probability is 0 at any temperature; NaN and infinities stay,
+// so that the step still fails on them. Returns the number of tokens allowed.
+int32_t mask_logits(std::span<float> logits, const uint32_t* allowed);
 
 // log_softmax(logits)[token] and the n_top most likely tokens' log-probabilities (n_top <= 20).
 void token_logprobs(std::span<const float> logits, int32_t token, int n_top, TokenLogprobs* out);

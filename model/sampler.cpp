@@ -37,6 +37,14 @@ Status validate_sampling(const SamplingParams& p) {
   if (p.top_logprobs < -1 || p.top_logprobs > kMaxTopLogprobs) {
     return invalid_argument("top_logprobs must be in [0, 20] (or unset), got " + std::to_string(p.top_logprobs));
   }
+  const auto kind = static_cast<int>(p.format.kind);
+  if (kind < 0 || kind > static_cast<int>(OutputFormat::Kind::kJsonSchema)) {
+    return invalid_argument("response_format.type must be TEXT, JSON_OBJECT or JSON_SCHEMA, got " + std::to_string(kind));
+  }
+  if ((p.format.kind == OutputFormat::Kind::kJsonSchema) == p.format.schema.empty()) {
+    return invalid_argument(p.format.schema.empty() ? "response_format JSON_SCHEMA needs json_schema"
+                                                    : "response_format.json_schema is set, but the type is not JSON_SCHEMA");
+  }
   return {};
 }
 
@@ -61,6 +69,10 @@ double sample_uniform(uint64_t seed, int64_t position) {
   return static_cast<double>(x >> 11) * 0x1.0p-53;
 }
 
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
+  if (params_.constraint) grammar_state_ = params_.constraint->start();
+}
+
 SampleSpec Sampler::spec_at(int64_t position) const {
   SampleSpec spec;
   spec.temperature = params_.temperature;
@@ -68,10 +80,15 @@ SampleSpec Sampler::spec_at(int64_t position) const {
   spec.top_p = params_.top_p;
   spec.u = params_.temperature == 0.0f ? 0.0 : sample_uniform(params_.seed, position);  // greedy draws nothing
   spec.top_logprobs = params_.top_logprobs;
+  if (params_.constraint) spec.allowed = params_.constraint->mask(grammar_state_);
   return spec;
 }
 
 void Sampler::set_history(std::span<const int32_t> prompt, std::span<const int32_t> output) {
+  if (params_.constraint) {
+    grammar_state_ = params_.constraint->start();
+    for (int32_t t : output) grammar_state_ = params_.constraint->advance(grammar_state_, t);
+  }
   seen_.clear();
   if (!penalised()) return;
   if (params_.repetition_penalty != 1.0f) {
@@ -81,6 +98,7 @@ void Sampler::set_history(std::span<const int32_t> prompt, std::span<const int32
 }
 
 void Sampler::observe(int32_t token) {
+  if (params_.constraint) grammar_state_ = params_.constraint->advance(grammar_state_, token);
   if (penalised()) ++seen_[token];
 }
 

@@ -9,14 +9,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
+#include "grammar/token_constraint.h"
 #include "kernels/sampling.h"
 
 namespace baton {
+
+// What the output must be (OpenAI's response_format).
+struct OutputFormat {
+  enum class Kind { kText, kJsonObject, kJsonSchema };  // the numbers of v1.ResponseFormat.Type
+  Kind kind = Kind::kText;
+  std::string schema;  // kJsonSchema: the JSON Schema, as JSON text
+};
 
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy (argmax); > 0: softmax(logits / temperature)
@@ -33,6 +43,10 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // [0.05, 20]; 1: none
   // >= 0: every token comes with its log-probability and this many alternatives' (<= 20).
   int top_logprobs = -1;
+  OutputFormat format = {};
+  // `format` compiled against the worker's vocabulary (OutputConstraints::resolve, at admission);
+  // null for plain text. Not sent anywhere: each worker resolves its own.
+  std::shared_ptr<grammar::TokenConstraint> constraint = nullptr;
 };
 
 inline constexpr float kMaxPenalty = 2.0f;
@@ -43,11 +57,14 @@ Status validate_sampling(const SamplingParams& params);
 
 // One sequence's sampling. The random number of a draw depends on the position alone; the
 // penalties on the tokens seen, which the owner reports (set_history, then observe).
+// With a constraint, the draws are limited to the tokens that keep the output a prefix of its
+// grammar (spec_at's `allowed`), and the grammar's state follows the output the same way.
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params) {}
+  explicit Sampler(const SamplingParams& params);
   // The tokens the penalties count: the prompt and the output so far (after a failover, what the
-  // request generated before). Replaces what was set or observed.
+  // request generated before); the grammar's state is rebuilt from the output. Replaces what was
+  // set or observed.
   void set_history(std::span<const int32_t> prompt, std::span<const int32_t> output);
   // A token generated (sampled here or handed over with the KV).
   void observe(int32_t token);
@@ -67,6 +84,7 @@ class Sampler {
   SamplingParams params_;
   // Token → times in the output (0: in the prompt only); kept only while penalised().
   std::unordered_map<int32_t, int32_t> seen_;
+  grammar::TokenConstraint::State grammar_state_ = grammar::TokenConstraint::kDead;
 };
 
 // The uniform number in [0, 1) of the draw at `position` for `seed` (53 random bits).

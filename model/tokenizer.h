@@ -142,6 +142,7 @@ class Tokenizer {
   int32_t eos_id() const { return eos_id_; }
   bool add_bos() const { return add_bos_; }
   bool is_control(int32_t id) const;
+  TokenType type(int32_t id) const { return types_[static_cast<size_t>(id)]; }  // id in [0, n_vocab)
   // Ids that end a generation: eos plus whichever end-of-turn tokens the vocabulary has
   // (<|im_end|>, <|eot_id|>, <|end_of_text|>, <|endoftext|>).
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }

@@ -115,6 +115,7 @@ void PrefillEngine::stop() {
 
 Status PrefillEngine::submit(PrefillJob spec) {
   BATON_RETURN_IF_ERROR(spec.validate_against(model_.config()));
+  BATON_RETURN_IF_ERROR(resolve_format(config_.constraints.get(), "prefill worker " + config_.name, &spec.sampling));
   const int need = blocks_.blocks_for(static_cast<int64_t>(spec.tokens.size()));  // block_size is immutable
   if (need > blocks_.n_total()) {
     return invalid_argument("request " + spec.request_id + " needs " + std::to_string(need) +

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/config.h"
+#include "model/output_constraints.h"
 #include "model/sampler.h"
 
 namespace baton {
@@ -33,6 +34,9 @@ struct PrefillConfig {
   // Larger than the pool: the pool.
   int prefix_cache_blocks = -1;
   int prefix_report_blocks = 4096;   // most cached block hashes in a load report (8 bytes each)
+  // Structured output: formats compiled against the model's vocabulary;
+  // null: requests with a response format are refused.
+  std::shared_ptr<OutputConstraints> constraints;
 };
 
 // INVALID_ARGUMENT naming the field when a value is out of range.

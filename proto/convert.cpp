@@ -17,6 +17,9 @@ SamplingParams sampling_from_proto(const v1::SamplingParams& p) {
   s.frequency_penalty = p.frequency_penalty();
   s.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
   s.top_logprobs = p.has_top_logprobs() ? p.top_logprobs() : -1;
+  // An unknown type keeps its number, for validate_sampling to refuse.
+  s.format.kind = static_cast<OutputFormat::Kind>(p.response_format().type());
+  s.format.schema = p.response_format().json_schema();
   return s;
 }
 
@@ -29,6 +32,10 @@ void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_frequency_penalty(s.frequency_penalty);
   if (s.repetition_penalty != 1.0f) p->set_repetition_penalty(s.repetition_penalty);
   if (s.top_logprobs >= 0) p->set_top_logprobs(s.top_logprobs);
+  if (s.format.kind != OutputFormat::Kind::kText) {
+    p->mutable_response_format()->set_type(static_cast<v1::ResponseFormat::Type>(s.format.kind));
+    p->mutable_response_format()->set_json_schema(s.format.schema);
+  }
 }
 
 void logprob_to_proto(int32_t token, const TokenLogprobs& lp, v1::TokenLogprob* p) {

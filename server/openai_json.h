@@ -6,7 +6,7 @@
 //
 // Checked here, because only JSON has them: the body is a JSON object of at most kMaxJsonDepth
 // levels, each known field has its JSON type, the model is the served one (404 otherwise), and
-// features baton does not implement (n > 1, echo, tools, logit_bias, ...) are refused by name
+// features baton does not implement (echo, tools, logit_bias, best_of > 1, ...) are refused by name
 // instead of being silently ignored. Fields OpenAI does not define are ignored, except baton's
 // own: top_k, repetition_penalty, ignore_eos, priority, ttft_slo_seconds. Everything else (ranges, the prompt's size, stop
 // strings, priority bounds) is the builder's, so each field is validated once.

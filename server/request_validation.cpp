@@ -1,5 +1,7 @@
 #include "server/request_validation.h"
 
+#include "model/output_constraints.h"
+
 #include "model/token_checks.h"
 
 #include <algorithm>
@@ -126,6 +128,10 @@ Status RequestBuilder::messages(const std::vector<ChatMessage>& messages) {
 
 Status RequestBuilder::sampling(const SamplingParams& params, std::string_view prefix) {
   if (Status st = validate_sampling(params); !st.ok()) return invalid_argument(std::string(prefix) + st.message());
+  // The schema compiled here too, so that one outside the subset is refused before any work.
+  if (Status st = validate_output_format(params.format); !st.ok()) {
+    return invalid_argument(std::string(prefix) + "response_format: " + st.message());
+  }
   valid_.pipeline.sampling = params;
   return {};
 }

@@ -408,6 +408,9 @@ class CudaBackend final : public Backend {
         std::any_of(specs.begin(), specs.end(), [](const SampleSpec& s) { return s.top_logprobs >= 0; });
     BATON_CHECK(!any_logprobs || logprobs != nullptr, "sample: rows ask for log-probabilities, none to write");
     const int n_adjust = static_cast<int>(adjust.size());
+    const int n_words = (vocab + 31) / 32;
+    const int n_masked =
+        static_cast<int>(std::count_if(specs.begin(), specs.end(), [](const SampleSpec& s) { return s.allowed != nullptr; }));
 
     // sample_io_ holds, each part 256-byte aligned and absent when empty: what is copied in (specs,
     // adjust entries, each row's first entry), what is copied out (token ids, log-probabilities),
@@ -423,6 +426,8 @@ class CudaBackend final : public Backend {
     const size_t specs_at = place(specs.size() * sizeof(SampleSpec));
     const size_t adjust_at = place(adjust.size() * sizeof(LogitAdjust));
     const size_t first_at = place(any_logprobs ? (specs.size() + 1) * sizeof(int32_t) : 0);
+    const size_t slot_at = place(n_masked > 0 ? specs.size() * sizeof(int32_t) : 0);
+    const size_t masks_at = place(static_cast<size_t>(n_masked) * n_words * sizeof(uint32_t));
     const size_t in_bytes = end;
     const size_t ids_at = place(specs.size() * sizeof(int32_t));
     const size_t logprobs_at = place(any_logprobs ? specs.size() * sizeof(TokenLogprobs) : 0);
@@ -440,6 +445,26 @@ class CudaBackend final : public Backend {
     char* host = static_cast<char*>(sample_io_.host.get());
     char* dev = static_cast<char*>(sample_io_.device.get());
     std::memcpy(host + specs_at, specs.data(), specs.size() * sizeof(SampleSpec));
+    if (n_masked > 0) {
+      // Each masked row's bits, and its top_k capped to the tokens allowed, as sample_row does.
+      auto* staged = reinterpret_cast<SampleSpec*>(host + specs_at);
+      auto* slot = reinterpret_cast<int32_t*>(host + slot_at);
+      auto* masks = reinterpret_cast<uint32_t*>(host + masks_at);
+      int next = 0;
+      for (int r = 0; r < rows; ++r) {
+        slot[r] = -1;
+        if (specs[r].allowed == nullptr) continue;
+        slot[r] = next;
+        uint32_t* dst = masks + static_cast<size_t>(next++) * n_words;
+        std::memcpy(dst, specs[r].allowed, static_cast<size_t>(n_words) * sizeof(uint32_t));
+        if (vocab % 32 != 0) dst[n_words - 1] &= (1u << (vocab % 32)) - 1u;
+        int32_t n_allowed = 0;
+        for (int w = 0; w < n_words; ++w) n_allowed += __builtin_popcount(dst[w]);
+        const int32_t cap = std::max(n_allowed, 1);
+        staged[r].top_k = staged[r].top_k > 0 ? std::min(staged[r].top_k, cap) : cap;
+        staged[r].allowed = nullptr;  // a host address: the device reads the slot instead
+      }
+    }
     std::copy(adjust.begin(), adjust.end(), reinterpret_cast<LogitAdjust*>(host + adjust_at));
     if (any_logprobs) {
       auto* first = reinterpret_cast<int32_t*>(host + first_at);
@@ -461,6 +486,10 @@ class CudaBackend final : public Backend {
     // A penalty keeps a NaN or an infinity non-finite, so sample_rows' check of the adjusted row
     // also catches what sample_row's check of the raw one does.
     cuda::adjust_logits(logits.f32(), logits.ld, adjust_d, n_adjust, raw_d, stream_);
+    if (n_masked > 0) {
+      cuda::mask_logits(logits.f32(), logits.ld, rows, vocab, reinterpret_cast<const int32_t*>(dev + slot_at),
+                        reinterpret_cast<const uint32_t*>(dev + masks_at), n_words, stream_);
+    }
     cuda::sample_rows(logits.f32(), logits.ld, rows, vocab, specs_d, any_random, ids_d, sample_ws_.get(),
                       sample_ws_bytes_, stream_);
     if (any_logprobs) {

@@ -1,5 +1,7 @@
 #include "kernels/cuda/sampling.h"
 
+#include <cfloat>
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
@@ -262,6 +264,17 @@ __global__ void sampled_logprob_kernel(const float* logits, int64_t ld, int rows
 
 }  // namespace
 
+__global__ void mask_logits_kernel(float* logits, int64_t ld, int vocab, const int32_t* slot, const uint32_t* masks,
+                                   int n_words) {
+  const int32_t at = slot[blockIdx.x];
+  if (at < 0) return;
+  float* row = logits + blockIdx.x * ld;
+  const uint32_t* mask = masks + static_cast<int64_t>(at) * n_words;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    if (!((mask[i / 32] >> (i % 32)) & 1u) && isfinite(row[i])) row[i] = -FLT_MAX;
+  }
+}
+
 size_t sample_workspace_bytes(int rows, int vocab) {
   const int r = rows < kSortRows ? rows : kSortRows;
   const size_t n = static_cast<size_t>(r) * vocab;
@@ -310,6 +323,13 @@ void row_logprobs(const float* logits, int64_t ld, int rows, int vocab, const Sa
 void adjust_logits(float* logits, int64_t ld, const LogitAdjust* adjust_d, int n, float* raw_d, cudaStream_t stream) {
   if (n == 0) return;
   adjust_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, ld, adjust_d, n, raw_d);
+  CUDA_CHECK_LAUNCH();
+}
+
+void mask_logits(float* logits, int64_t ld, int rows, int vocab, const int32_t* slot_d, const uint32_t* masks_d,
+                 int n_words, cudaStream_t stream) {
+  if (rows == 0) return;
+  mask_logits_kernel<<<rows, 256, 0, stream>>>(logits, ld, vocab, slot_d, masks_d, n_words);
   CUDA_CHECK_LAUNCH();
 }
 

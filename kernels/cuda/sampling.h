@@ -3,7 +3,7 @@
 // ties keep the lower index first as on the CPU), then one block per row applies temperature,
 // top-k and top-p in double precision and picks the token by the row's u. Log-probabilities and
 // penalties are separate steps around sample_rows, in this order: row_logprobs on the raw
-// logits, adjust_logits, sample_rows, sampled_logprobs.
+// logits, adjust_logits, mask_logits, sample_rows, sampled_logprobs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +32,11 @@ void row_logprobs(const float* logits, int64_t ld, int rows, int vocab, const Sa
 // Applies the n penalties adjust_d (device copies; distinct (row, token) pairs) to the logits in
 // place, as adjusted_logit does; raw_d[e] = entry e's logit before.
 void adjust_logits(float* logits, int64_t ld, const LogitAdjust* adjust_d, int n, float* raw_d, cudaStream_t stream);
+
+// Structured output: for each row i with slot_d[i] >= 0, every finite logit whose bit is clear in
+// masks_d[slot_d[i] * n_words ...] becomes the lowest float (kernels/sampling.h, mask_logits).
+void mask_logits(float* logits, int64_t ld, int rows, int vocab, const int32_t* slot_d, const uint32_t* masks_d,
+                 int n_words, cudaStream_t stream);
 
 // out_d[i].logprob = raw logit of tokens_d[i] - lse_d[i] for each row that asked and got a token
 // (not kNonFiniteLogits). The raw logit is raw_d[e] when the row has an entry e for the token

@@ -302,8 +302,10 @@ double logprob_tolerance(float want, int64_t vocab, float max_abs_logit) {
 // The CUDA backend's sample() against sample_row on the CPU: random specs (greedy and random,
 // asking for 0..20 alternatives or none), random penalties (`with_adjust`) and log-probabilities
 // (`with_logprobs`), and one row holding a NaN.
-void check_sample_rows(Backends& b, int64_t rows, int64_t vocab, bool with_adjust, bool with_logprobs) {
-  INFO("rows " << rows << " vocab " << vocab << " adjust " << with_adjust << " logprobs " << with_logprobs);
+void check_sample_rows(Backends& b, int64_t rows, int64_t vocab, bool with_adjust, bool with_logprobs,
+                       bool with_masks = false) {
+  INFO("rows " << rows << " vocab " << vocab << " adjust " << with_adjust << " logprobs " << with_logprobs << " masks "
+               << with_masks);
   constexpr float kMaxLogit = 8.0f;
   std::vector<float> logits = random_vector(rows * vocab, -kMaxLogit, kMaxLogit);
   const int64_t nan_row = rows / 2;
@@ -321,6 +323,22 @@ void check_sample_rows(Backends& b, int64_t rows, int64_t vocab, bool with_adjus
     s.top_k = i % 4 == 1 ? 40 : 0;
     s.top_p = i % 5 == 2 ? 0.9f : 1.0f;
     s.u = u(rng());
+  }
+
+  // Structured output: every other row allows a random subset of the tokens (1 to about half), so
+  // the pick, top-k and top-p must all stay inside it.
+  const int64_t n_words = (vocab + 31) / 32;
+  std::vector<uint32_t> masks(static_cast<size_t>(rows * n_words), 0u);
+  if (with_masks) {
+    for (int64_t i = 0; i < rows; i += 2) {
+      uint32_t* m = masks.data() + i * n_words;
+      const int64_t n = 1 + std::uniform_int_distribution<int64_t>(0, vocab / 2)(rng());
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t t = std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng());
+        m[t / 32] |= 1u << (t % 32);
+      }
+      specs[i].allowed = m;
+    }
   }
 
   // Up to 50 distinct tokens a row, in random order. A repetition below 1 lifts a positive logit
@@ -377,6 +395,9 @@ void check_sample_rows(Backends& b, int64_t rows, int64_t vocab, bool with_adjus
     if (got[i] == want[i]) CHECK(std::abs(g.logprob - w.logprob) <= logprob_tolerance(w.logprob, vocab, kMaxLogit));
   }
   CHECK(got[nan_row] == kNonFiniteLogits);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (specs[i].allowed != nullptr && i != nan_row) CHECK(((specs[i].allowed[got[i] / 32] >> (got[i] % 32)) & 1u) == 1u);
+  }
   // Random draws may differ only where u falls within rounding of a cumulative boundary.
   CHECK(agree >= rows - 1);
 }
@@ -390,4 +411,8 @@ TEST_CASE("sample with penalties and log-probabilities matches sample_row", "[gp
   check_sample_rows(b, 24, 32000, false, true);
   // Fewer tokens than alternatives asked for: n_top is the vocabulary.
   check_sample_rows(b, 6, 12, true, true);
+  // Structured output's masks, with and without the rest.
+  check_sample_rows(b, 24, 32000, true, true, true);
+  check_sample_rows(b, 24, 32000, false, false, true);
+  check_sample_rows(b, 6, 12, false, true, true);
 }

@@ -138,3 +138,53 @@ TEST_CASE("a row with a NaN or an infinity yields no token, whatever the spec", 
   }
   CHECK(all_finite(logits));
 }
+
+TEST_CASE("a mask limits every kind of draw to the allowed tokens, as sampling only those would", "[sampler]") {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  const int vocab = 1000;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = nd(rng);
+    std::vector<uint32_t> mask((vocab + 31) / 32, 0u);
+    std::vector<int32_t> allowed_ids;
+    const int n = 1 + static_cast<int>(rng() % 60);
+    for (int k = 0; k < n; ++k) {
+      const int t = static_cast<int>(rng() % vocab);
+      mask[t / 32] |= 1u << (t % 32);
+    }
+    std::vector<float> kept;  // the reference: the allowed logits alone, in index order
+    for (int t = 0; t < vocab; ++t) {
+      if ((mask[t / 32] >> (t % 32)) & 1u) {
+        allowed_ids.push_back(t);
+        kept.push_back(logits[t]);
+      }
+    }
+    SampleSpec spec;
+    spec.temperature = round % 4 == 0 ? 0.0f : 0.5f + static_cast<float>(round % 3);
+    spec.top_k = round % 5 == 1 ? 5 : (round % 5 == 2 ? 500 : 0);
+    spec.top_p = round % 7 == 3 ? 0.8f : 1.0f;
+    spec.u = ud(rng);
+    spec.top_logprobs = 3;
+    const int32_t want = allowed_ids[static_cast<size_t>(sample_logits(kept, spec))];
+    std::vector<float> row = logits;
+    spec.allowed = mask.data();
+    TokenLogprobs lp;
+    INFO("round " << round << " temperature " << spec.temperature << " top_k " << spec.top_k);
+    REQUIRE(sample_row(row, spec, {}, &lp) == want);
+    // Log-probabilities are the raw row's, the mask notwithstanding.
+    TokenLogprobs raw;
+    token_logprobs(logits, want, 3, &raw);
+    CHECK(lp.logprob == Approx(raw.logprob));
+    CHECK(lp.top_ids[0] == raw.top_ids[0]);
+  }
+  // A NaN still fails the step under a mask.
+  std::vector<float> bad(64, 0.0f);
+  bad[5] = NAN;
+  std::vector<uint32_t> mask(2, 0u);
+  mask[0] = 1u;
+  SampleSpec spec;
+  spec.allowed = mask.data();
+  CHECK(sample_row(bad, spec, {}, nullptr) == kNonFiniteLogits);
+}

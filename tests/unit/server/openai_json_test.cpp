@@ -265,11 +265,40 @@ TEST_CASE("a field of the wrong JSON type is named, in the message and as the er
   CHECK(parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}, {"temperature", nullptr}, {"stop", nullptr}}).ok());
 }
 
+TEST_CASE("response_format: json_object, json_schema in its own member order, the subset's refusals", "[openai]") {
+  const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  Json body = base;
+  body["response_format"] = {{"type", "json_object"}};
+  auto obj = parse(OpenAiEndpoint::kChat, body);
+  REQUIRE(obj.ok());
+  CHECK(obj->choices.front().pipeline.sampling.format.kind == OutputFormat::Kind::kJsonObject);
+  // The schema's text keeps the order the client wrote (properties are generated in it).
+  const std::string schema = R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}})";
+  const std::string with_schema = R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"t","strict":true,"schema":)" + schema + "}}}";
+  auto js = parse_openai_request(OpenAiEndpoint::kCompletions, with_schema, served().model, builder());
+  REQUIRE(js.ok());
+  CHECK(js->choices.front().pipeline.sampling.format.kind == OutputFormat::Kind::kJsonSchema);
+  CHECK(js->choices.front().pipeline.sampling.format.schema == schema);
+  for (const auto& [format, says] : std::vector<std::pair<Json, const char*>>{
+           {{{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}, "'pattern'"},
+           {{{"type", "json_schema"}, {"json_schema", {{"name", "t"}}}}, "schema is missing"},
+           {{{"type", "json_schema"}}, "json_schema is missing"},
+           {{{"type", "xml"}}, "text, json_object or json_schema"},
+           {"json", "must be an object"}}) {
+    Json bad = base;
+    bad["response_format"] = format;
+    INFO(bad.dump());
+    const Status st = parse(OpenAiEndpoint::kChat, bad).status();
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(error_of(st)["param"] == "response_format");
+    CHECK_THAT(st.message(), Catch::Contains(says));
+  }
+}
+
 TEST_CASE("features baton does not have are refused by name unless off", "[openai]") {
   const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   const std::vector<std::pair<const char*, Json>> refused = {
-      {"best_of", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}},
-      {"response_format", {{"type", "json_object"}}}};
+      {"best_of", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}}};
   for (const auto& [field, value] : refused) {
     Json body = base;
     body[field] = value;

@@ -1,0 +1,37 @@
+// JSON Schema → grammar: the output formats of OpenAI's response_format.
+//
+// The subset compiled (anything else is refused, naming the keyword and where it is):
+//   type (a name or a list of names), properties, required, additionalProperties (false, true or a
+//   schema), items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, $ref within the
+//   document ("#", "#/$defs/...", "#/definitions/..."), $defs / definitions; annotations (title,
+//   description, default, examples, $schema, $id, $comment, ...) are ignored.
+//
+// What the grammar generates, and why it is narrower than what the schema validates:
+// - Properties come in the order the schema lists them (as OpenAI's structured outputs produce
+//   them); optional ones may be left out, undeclared ones are not generated.
+// - Whitespace between tokens is nothing, one space, or a newline and up to 24 spaces or tabs,
+//   so that a sampled output cannot run on in blank space; numbers have at most 16 digits before
+//   and after the point and 2 in the exponent (so that every number is a finite double).
+// - Strings are valid UTF-8 with JSON's escapes; an \u escape counts as one character.
+// Every sentence of the grammar parses as JSON and validates against the schema.
+#pragma once
+
+#include <string_view>
+
+#include "common/status.h"
+#include "grammar/grammar.h"
+
+namespace baton::grammar {
+
+// Counted limits above this (maxLength, maxItems) are refused: each count is a grammar rule.
+inline constexpr int kMaxCountedLimit = 1024;
+
+// A grammar for one JSON document (with optional whitespace around it) that validates against
+// `schema` (JSON text). INVALID_ARGUMENT naming the keyword and its location for what the subset
+// does not have, and for malformed schemas.
+Result<Grammar> compile_json_schema(std::string_view schema);
+
+// A grammar for any JSON object (response_format json_object).
+Grammar json_object_grammar();
+
+}  // namespace baton::grammar
