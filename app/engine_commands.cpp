@@ -228,20 +228,30 @@ struct ChatTemplateArgs {
   std::string bos_token;
   std::string eos_token;
   std::string messages;       // one conversation, as JSON
-  std::string conversations;  // a JSON file: [{"messages": [...], "add_generation_prompt": bool}, ...]
+  std::string conversations;  // a JSON file: [{"messages": [...], "add_generation_prompt": bool, "tools"?: [...]}, ...]
   bool no_generation_prompt = false;
 };
 
-Result<std::vector<ChatMessage>> parse_messages(const nlohmann::json& j, const std::string& what) {
+Result<std::vector<ChatMessage>> parse_messages(const nlohmann::ordered_json& j, const std::string& what) {
   if (!j.is_array()) return invalid_argument(what + ": expected a JSON array of {\"role\", \"content\"} objects");
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& m = j[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string()) {
+    const bool content_ok = m.is_object() && m.contains("content") && (m["content"].is_string() || m["content"].is_null());
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !content_ok) {
       return invalid_argument(what + "[" + std::to_string(i) + "]: expected {\"role\": string, \"content\": string}");
     }
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    ChatMessage& message = messages.emplace_back();
+    message.role = m["role"].get<std::string>();
+    if (m["content"].is_string()) message.content = m["content"].get<std::string>();
+    // OpenAI's tool fields: an assistant's calls (arguments as JSON text or an object), a tool
+    // message's call id.
+    for (const auto& c : m.value("tool_calls", nlohmann::ordered_json::array())) {
+      const auto& f = c.value("function", nlohmann::ordered_json::object());
+      const auto& args = f.value("arguments", nlohmann::ordered_json::object());
+      message.tool_calls.push_back({c.value("id", ""), f.value("name", ""), args.is_string() ? args.get<std::string>() : args.dump()});
+    }
+    message.tool_call_id = m.value("tool_call_id", "");
   }
   return messages;
 }
@@ -260,7 +270,7 @@ int run_chat_template(const ChatTemplateArgs& a) {
   }
   if (!tmpl.ok()) return fail(tmpl.status());
   if (!a.messages.empty()) {
-    const auto j = nlohmann::json::parse(a.messages, nullptr, /*allow_exceptions=*/false);
+    const auto j = nlohmann::ordered_json::parse(a.messages, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return fail(invalid_argument("--messages is not valid JSON"));
     auto messages = parse_messages(j, "--messages");
     if (!messages.ok()) return fail(messages.status());
@@ -271,7 +281,7 @@ int run_chat_template(const ChatTemplateArgs& a) {
   }
   std::ifstream in(a.conversations);
   if (!in) return fail(not_found("--conversations: cannot read " + a.conversations));
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!j.is_array()) return fail(invalid_argument("--conversations: expected a JSON array of conversations"));
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string what = "--conversations[" + std::to_string(i) + "]";
@@ -280,9 +290,10 @@ int run_chat_template(const ChatTemplateArgs& a) {
     }
     auto messages = parse_messages(j[i]["messages"], what + ".messages");
     if (!messages.ok()) return fail(messages.status());
-    auto text = tmpl->render(*messages, j[i].value("add_generation_prompt", true));
-    const nlohmann::json line = text.ok() ? nlohmann::json{{"text", *text}} : nlohmann::json{{"error", text.status().message()}};
-    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    const std::string tools = j[i].contains("tools") ? j[i]["tools"].dump() : "";
+    auto text = tmpl->render(*messages, j[i].value("add_generation_prompt", true), tools);
+    const nlohmann::ordered_json line = text.ok() ? nlohmann::ordered_json{{"text", *text}} : nlohmann::ordered_json{{"error", text.status().message()}};
+    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   }
   return 0;
 }

@@ -375,20 +375,23 @@ class SchemaCompiler {
   std::map<std::string, int32_t> refs_;
 };
 
-Grammar document(SchemaCompiler& c, int32_t value) {
+Grammar document(SchemaCompiler& c, int32_t value, std::string_view prefix = {}, std::string_view suffix = {}) {
   GrammarBuilder& b = c.builder();
-  const int32_t root = b.rule("root", {{b.ref(c.ws()), b.ref(value), b.ref(c.ws())}});
+  GrammarBuilder::Seq seq = b.lit(prefix);
+  for (const Element& e : {b.ref(c.ws()), b.ref(value), b.ref(c.ws())}) seq.push_back(e);
+  for (const Element& e : b.lit(suffix)) seq.push_back(e);
+  const int32_t root = b.rule("root", {seq});
   return std::move(b).build(root);
 }
 
 }  // namespace
 
-Result<Grammar> compile_json_schema(std::string_view schema) {
+Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix, std::string_view suffix) {
   json root = json::parse(schema, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return invalid_argument("the JSON schema is not valid JSON");
   SchemaCompiler c(&root);
   BATON_ASSIGN_OR_RETURN(int32_t value, c.compile(root, ""));
-  Grammar g = document(c, value);
+  Grammar g = document(c, value, prefix, suffix);
   if (!g.productive(g.root)) {
     return invalid_argument("the JSON schema admits no finite value (a $ref that leads back to itself before any value?)");
   }

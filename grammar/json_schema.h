@@ -29,7 +29,8 @@ inline constexpr int kMaxCountedLimit = 1024;
 // A grammar for one JSON document (with optional whitespace around it) that validates against
 // `schema` (JSON text). INVALID_ARGUMENT naming the keyword and its location for what the subset
 // does not have, and for malformed schemas.
-Result<Grammar> compile_json_schema(std::string_view schema);
+// `prefix` and `suffix`: literal text the document comes between (a tool call's tags).
+Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix = {}, std::string_view suffix = {});
 
 // A grammar for any JSON object (response_format json_object).
 Grammar json_object_grammar();

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "model/gguf.h"
 
 namespace baton {
@@ -85,16 +87,57 @@ std::string suggestion() {
   return "; give --chat-template NAME (" + std::string(kNames) + ") or --chat-template FILE.jinja";
 }
 
+// JSON → the template's values (objects keep their member order, as Python's json does).
+jinja::Value from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::boolean: return jinja::Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned: return jinja::Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float: return jinja::Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return jinja::Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      jinja::Value::List items;
+      for (const auto& x : j) items.push_back(from_json(x));
+      return jinja::Value::list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      jinja::Value::Dict items;
+      for (const auto& [k, x] : j.items()) items.emplace_back(k, from_json(x));
+      return jinja::Value::dict(std::move(items));
+    }
+    default: return jinja::Value::none();
+  }
+}
+
+// Text that should be JSON (validated where it came in); a value that is not stays a string.
+jinja::Value from_json_text(std::string_view text) {
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? jinja::Value(std::string(text)) : from_json(j);
+}
+
 jinja::Value globals(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                     const ChatTemplateTokens& tokens) {
+                     const ChatTemplateTokens& tokens, std::string_view tools_json) {
   jinja::Value::List list;
   for (const ChatMessage& m : messages) {
-    list.push_back(jinja::Value::dict({{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}}));
+    jinja::Value::Dict d = {{"role", jinja::Value(m.role)},
+                            {"content", jinja::Value(m.content)}};
+    if (!m.tool_calls.empty()) {
+      jinja::Value::List calls;
+      for (const ToolCall& c : m.tool_calls) {
+        calls.push_back(jinja::Value::dict(
+            {{"id", jinja::Value(c.id)},
+             {"type", jinja::Value("function")},
+             {"function", jinja::Value::dict({{"name", jinja::Value(c.name)}, {"arguments", from_json_text(c.arguments)}})}}));
+      }
+      d.emplace_back("tool_calls", jinja::Value::list(std::move(calls)));
+    }
+    if (!m.tool_call_id.empty()) d.emplace_back("tool_call_id", jinja::Value(m.tool_call_id));
+    list.push_back(jinja::Value::dict(std::move(d)));
   }
   jinja::Value::Dict g = {
       {"messages", jinja::Value::list(std::move(list))},
       {"add_generation_prompt", jinja::Value(add_generation_prompt)},
-      {"tools", jinja::Value::none()},
+      {"tools", tools_json.empty() ? jinja::Value::none() : from_json_text(tools_json)},
       {"documents", jinja::Value::none()},
   };
   if (!tokens.bos_token.empty()) g.emplace_back("bos_token", jinja::Value(tokens.bos_token));
@@ -110,7 +153,11 @@ Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::stri
   if (!parsed.ok()) {
     return Status(parsed.status().code(), where + ", " + parsed.status().message() + suggestion());
   }
-  ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens));
+  // Llama 3.1's template writes calls as {"name": ..., "parameters": ...} with no tags around them.
+  const bool tagged = source.find("<tool_call>") != std::string_view::npos ||
+                      source.find("\"parameters\": ") == std::string_view::npos;
+  ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens),
+                 tagged ? ToolCallSyntax::kTagged : ToolCallSyntax::kJson);
   const ChatMessage probe[] = {{"user", "Hello"}};
   auto rendered = t.render(probe, /*add_generation_prompt=*/true);
   if (!rendered.ok()) {
@@ -139,9 +186,10 @@ Result<ChatTemplate> ChatTemplate::from_flag(std::string_view value, ChatTemplat
   return from_jinja(text.str(), std::string(value), std::move(tokens));
 }
 
-Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                         std::string_view tools_json) const {
   if (messages.empty()) return invalid_argument("there are no messages to render");  // as transformers refuses
-  auto text = template_.render(globals(messages, add_generation_prompt, tokens_));
+  auto text = template_.render(globals(messages, add_generation_prompt, tokens_, tools_json));
   if (!text.ok() && text.status().code() == StatusCode::kFailedPrecondition) {
     return invalid_argument("the chat template refuses these messages: " + text.status().message());
   }

@@ -26,10 +26,25 @@ namespace baton {
 
 class GgufFile;
 
-struct ChatMessage {
-  std::string role;  // "system", "user", "assistant" (rendered as given)
-  std::string content;
+// A function call an assistant message made (OpenAI's tool_calls[i]).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // a JSON object, as text
 };
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", "tool" (rendered as given)
+  std::string content;  // "" also for OpenAI's null (an assistant message that only calls tools)
+  std::vector<ToolCall> tool_calls = {};  // assistant: the calls it made
+  std::string tool_call_id = {};          // tool: the call this is the result of
+};
+
+// How a template's model writes a tool call, read from the template's source: kTagged, a JSON
+// object {"name", "arguments"} between <tool_call> and </tool_call> lines (Hermes, Qwen 2.5 and 3,
+// SmolLM3; also the default for templates that render no tools); kJson, a bare JSON object
+// {"name", "parameters"} (Llama 3.1 and 3.2).
+enum class ToolCallSyntax { kTagged, kJson };
 
 // The special tokens' text a template may print ({{ bos_token }}); empty: the model has none,
 // and the template sees an undefined name, as with transformers.
@@ -52,15 +67,21 @@ class ChatTemplate {
   const std::string& name() const { return name_; }
   // The prompt text. INVALID_ARGUMENT with the template's own words when it refuses the
   // conversation (roles that do not alternate, a system message it does not take).
-  Result<std::string> render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // `tools_json`: OpenAI's tools array as JSON text, given to the template as `tools` (a list of
+  // {"type": "function", "function": {...}}, as transformers' apply_chat_template(tools=...)
+  // takes them); empty: none. A message's tool call arguments reach the template as a mapping.
+  Result<std::string> render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                             std::string_view tools_json = {}) const;
+  ToolCallSyntax tool_call_syntax() const { return tool_call_syntax_; }
 
  private:
-  ChatTemplate(jinja::Template t, std::string name, ChatTemplateTokens tokens)
-      : template_(std::move(t)), name_(std::move(name)), tokens_(std::move(tokens)) {}
+  ChatTemplate(jinja::Template t, std::string name, ChatTemplateTokens tokens, ToolCallSyntax syntax)
+      : template_(std::move(t)), name_(std::move(name)), tokens_(std::move(tokens)), tool_call_syntax_(syntax) {}
 
   jinja::Template template_;
   std::string name_;
   ChatTemplateTokens tokens_;
+  ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kTagged;
 };
 
 // The built-in templates' names, for help texts and errors.

@@ -8,7 +8,7 @@ namespace {
 
 Result<grammar::Grammar> compile(const OutputFormat& format) {
   if (format.kind == OutputFormat::Kind::kJsonObject) return grammar::json_object_grammar();
-  return grammar::compile_json_schema(format.schema);
+  return grammar::compile_json_schema(format.schema, format.prefix, format.suffix);
 }
 
 }  // namespace
@@ -31,7 +31,10 @@ OutputConstraints::OutputConstraints(const Tokenizer& tokenizer, int32_t n_vocab
 Status OutputConstraints::resolve(SamplingParams* params) {
   params->constraint.reset();
   if (params->format.kind == OutputFormat::Kind::kText) return {};
-  const std::string key = std::to_string(static_cast<int>(params->format.kind)) + ":" + params->format.schema;
+  const OutputFormat& f = params->format;
+  // Lengths first: the parts cannot run into one another.
+  const std::string key = std::to_string(static_cast<int>(f.kind)) + ":" + std::to_string(f.prefix.size()) + ":" +
+                          std::to_string(f.suffix.size()) + ":" + f.prefix + f.suffix + f.schema;
   {
     std::lock_guard lock(mu_);
     for (auto it = cached_.begin(); it != cached_.end(); ++it) {

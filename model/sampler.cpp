@@ -41,6 +41,9 @@ Status validate_sampling(const SamplingParams& p) {
   if (kind < 0 || kind > static_cast<int>(OutputFormat::Kind::kJsonSchema)) {
     return invalid_argument("response_format.type must be TEXT, JSON_OBJECT or JSON_SCHEMA, got " + std::to_string(kind));
   }
+  if (p.format.kind != OutputFormat::Kind::kJsonSchema && (!p.format.prefix.empty() || !p.format.suffix.empty())) {
+    return invalid_argument("response_format.prefix and suffix go with JSON_SCHEMA only");
+  }
   if ((p.format.kind == OutputFormat::Kind::kJsonSchema) == p.format.schema.empty()) {
     return invalid_argument(p.format.schema.empty() ? "response_format JSON_SCHEMA needs json_schema"
                                                     : "response_format.json_schema is set, but the type is not JSON_SCHEMA");

@@ -26,6 +26,8 @@ struct OutputFormat {
   enum class Kind { kText, kJsonObject, kJsonSchema };  // the numbers of v1.ResponseFormat.Type
   Kind kind = Kind::kText;
   std::string schema;  // kJsonSchema: the JSON Schema, as JSON text
+  // Literal text before and after the JSON document (a forced tool call's tags); empty: none.
+  std::string prefix = {}, suffix = {};
 };
 
 struct SamplingParams {

@@ -20,6 +20,8 @@ SamplingParams sampling_from_proto(const v1::SamplingParams& p) {
   // An unknown type keeps its number, for validate_sampling to refuse.
   s.format.kind = static_cast<OutputFormat::Kind>(p.response_format().type());
   s.format.schema = p.response_format().json_schema();
+  s.format.prefix = p.response_format().prefix();
+  s.format.suffix = p.response_format().suffix();
   return s;
 }
 
@@ -35,6 +37,8 @@ void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p) {
   if (s.format.kind != OutputFormat::Kind::kText) {
     p->mutable_response_format()->set_type(static_cast<v1::ResponseFormat::Type>(s.format.kind));
     p->mutable_response_format()->set_json_schema(s.format.schema);
+    p->mutable_response_format()->set_prefix(s.format.prefix);
+    p->mutable_response_format()->set_suffix(s.format.suffix);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "server/http_call.h"
 
+#include "model/tool_calls.h"
+
 #include <httplib.h>
 
 #include <algorithm>
@@ -82,6 +84,9 @@ class HttpCall final : public PublicCall {
   bool stream_ = false;
   bool include_usage_ = false;
   bool logprobs_ = false;  // the request asked for log-probabilities
+  // Chat with tools: the syntax calls are read in (the text becomes content and calls at the end;
+  // streamed, what may be a call waits).
+  std::optional<ToolCallSyntax> tool_syntax_;
   int n_ = 1;              // choices per prompt
 
   std::mutex mu_;
@@ -95,6 +100,8 @@ class HttpCall final : public PublicCall {
     bool role_sent = false;   // stream: its first chunk (chat: with the role) is out
     bool ended = false;
     PipelineOutcome outcome;
+    size_t n_sent = 0;            // stream with tools: bytes of `text` already sent as content
+    std::vector<ToolCall> calls;  // with tools, once ended: the calls read from the output
   };
   std::vector<Choice> choices_;
   // Stream: text not yet written, a piece per event that completed some, with the log-probabilities
@@ -104,6 +111,7 @@ class HttpCall final : public PublicCall {
     std::string text;
     LogprobsOut logprobs;
     bool last = false;
+    std::vector<ToolCall> tool_calls = {};  // on the last piece: the calls the choice made
   };
   std::vector<Piece> pieces_;
   size_t n_ended_ = 0;
@@ -112,6 +120,17 @@ class HttpCall final : public PublicCall {
   bool cancelling_ = false;  // the choices were told to end; their ends follow
   bool opened_ = false;      // stream: the first write is out
   Status status_;            // the first failure (OK while none)
+
+  // With tools, at a choice's end: its text becomes the content beside the calls it made (each
+  // named with a fresh id), and finish_reason "tool_calls" when it made any and was not cut short.
+  void read_calls_locked(Choice& c) {
+    ToolOutput parsed = parse_tool_calls(*tool_syntax_, c.text);
+    if (parsed.calls.empty()) return;
+    for (ToolCall& call : parsed.calls) call.id = tool_call_id();
+    c.text = std::move(parsed.content);
+    c.calls = std::move(parsed.calls);
+    if (c.outcome.finish_reason == "stop") c.outcome.finish_reason = "tool_calls";  // "length" stays
+  }
 
   // Stream: choice `index`'s log-probabilities gathered since its last piece, for the next one.
   LogprobsOut take_logprobs_locked(int index) {
@@ -147,6 +166,14 @@ void HttpCall::choice_tokens(int index, std::span<const int32_t> ids, std::span<
   }
   if (!stream_) {
     c.text += text;
+  } else if (tool_syntax_) {
+    // Text that may turn out to be a call waits; what cannot goes out as content.
+    c.text += text;
+    const size_t free = tool_call_free_prefix(*tool_syntax_, c.text);
+    if (free > c.n_sent) {
+      pieces_.push_back({index, c.text.substr(c.n_sent, free - c.n_sent), take_logprobs_locked(index), false});
+      c.n_sent = free;
+    }
   } else if (!text.empty()) {
     pieces_.push_back({index, text, take_logprobs_locked(index), false});
   }
@@ -165,6 +192,15 @@ void HttpCall::choice_end(int index, const Status& status, const PipelineOutcome
     if (status_.ok()) status_ = status;  // the first failure is the request's
   } else if (!stream_) {
     c.text += tail;
+    if (tool_syntax_) read_calls_locked(c);
+  } else if (tool_syntax_) {
+    c.text += tail;
+    const size_t sent = c.n_sent;
+    read_calls_locked(c);
+    // What was sent is content before any call; the rest of the content, then the calls.
+    Piece last{index, c.text.substr(std::min(sent, c.text.size())), take_logprobs_locked(index), true, {}};
+    last.tool_calls = c.calls;
+    pieces_.push_back(std::move(last));
   } else {
     pieces_.push_back({index, tail, take_logprobs_locked(index), true});
   }
@@ -234,6 +270,7 @@ void HttpCall::serve(const httplib::Request& req, const std::string& body, httpl
     n_ = parsed->n;
     label = parsed->label;
     logprobs_ = parsed->choices.front().pipeline.sampling.top_logprobs >= 0;
+    if (parsed->tool_calls) tool_syntax_ = parsed->tool_syntax;
     choices_.resize(parsed->choices.size());
     for (Choice& c : choices_) c.logprobs.tokenizer = frontend().model->tokenizer;
     auto self = std::static_pointer_cast<HttpCall>(shared_from_this());
@@ -269,7 +306,7 @@ void HttpCall::send_whole(httplib::Response& res) {
   const PipelineOutcome usage = usage_locked();
   for (const auto& [name, value] : timing_headers(choices_[0].outcome)) res.set_header(name, value);
   std::vector<ChoiceOut> out;
-  for (const Choice& c : choices_) out.push_back({c.text, c.outcome, logprobs_ ? &c.logprobs : nullptr});
+  for (const Choice& c : choices_) out.push_back({c.text, c.outcome, logprobs_ ? &c.logprobs : nullptr, &c.calls});
   res.set_content(completion_body(header_, out, usage), "application/json");
 }
 
@@ -291,7 +328,7 @@ bool HttpCall::write_events(httplib::DataSink& sink) {
         Choice& c = choices_[static_cast<size_t>(p.index)];
         const LogprobsOut* lp = logprobs_ && !p.logprobs.ids.empty() ? &p.logprobs : nullptr;
         out += sse_event(chunk_body(header_, p.index, p.text, !c.role_sent, p.last ? &c.outcome : nullptr,
-                                    include_usage_, lp));
+                                    include_usage_, lp, &p.tool_calls));
         c.role_sent = true;
       }
     }

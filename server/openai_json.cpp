@@ -142,7 +142,29 @@ Json logprobs_json(OpenAiEndpoint endpoint, const LogprobsOut& lp) {
           {"text_offset", std::move(offsets)}};
 }
 
+// OpenAI's tool_calls: [{(index,) id, type: "function", function: {name, arguments}}].
+Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json c = Json::object();
+    if (with_index) c["index"] = i;
+    c["id"] = calls[i].id;
+    c["type"] = "function";
+    c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string tool_call_id() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof kAlphabet - 1)];
+  return id;
+}
 
 int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id) {
   // Code points: every byte that does not continue a sequence starts a character.
@@ -159,7 +181,9 @@ std::string completion_body(const ResponseHeader& h, const std::vector<ChoiceOut
                    {"logprobs", c.logprobs != nullptr ? logprobs_json(h.endpoint, *c.logprobs) : Json()},
                    {"finish_reason", c.outcome.finish_reason}};
     if (h.endpoint == OpenAiEndpoint::kChat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      const bool calls = c.tool_calls != nullptr && !c.tool_calls->empty();
+      choice["message"] = {{"role", "assistant"}, {"content", calls && c.text.empty() ? Json() : Json(c.text)}};
+      if (calls) choice["message"]["tool_calls"] = tool_calls_json(*c.tool_calls, /*with_index=*/false);
     } else {
       choice["text"] = c.text;
     }
@@ -174,7 +198,8 @@ std::string completion_body(const ResponseHeader& h, const std::vector<ChoiceOut
 }
 
 std::string chunk_body(const ResponseHeader& h, int index, const std::string& text, bool first,
-                       const PipelineOutcome* o, bool include_usage, const LogprobsOut* logprobs) {
+                       const PipelineOutcome* o, bool include_usage, const LogprobsOut* logprobs,
+                       const std::vector<ToolCall>* tool_calls) {
   Json choice = {{"index", index},
                  {"logprobs", logprobs != nullptr ? logprobs_json(h.endpoint, *logprobs) : Json()},
                  {"finish_reason", o ? Json(o->finish_reason) : Json()}};
@@ -182,6 +207,7 @@ std::string chunk_body(const ResponseHeader& h, int index, const std::string& te
     Json delta = Json::object();
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
+    if (tool_calls != nullptr && !tool_calls->empty()) delta["tool_calls"] = tool_calls_json(*tool_calls, true);
     choice["delta"] = delta;
   } else {
     choice["text"] = text;

@@ -39,6 +39,9 @@ struct OpenAiRequest {
   std::string label;  // the request's: the client's id, or the one made up for it
   bool stream = false;
   bool include_usage = false;    // stream_options.include_usage: a last chunk with usage
+  // Chat with tools (tool_choice other than none): the output is read for calls in tool_syntax.
+  bool tool_calls = false;
+  ToolCallSyntax tool_syntax = ToolCallSyntax::kTagged;
 };
 
 // `body` as a request to `endpoint` of `model`, read into `builder` (which may hold the request id
@@ -77,10 +80,14 @@ int64_t token_text_chars(const Tokenizer& tokenizer, int32_t id);
 
 // One choice of a whole response.
 struct ChoiceOut {
-  std::string text;
+  std::string text;  // chat with calls: the content beside them ("" with calls: null)
   PipelineOutcome outcome;
   const LogprobsOut* logprobs = nullptr;  // null when the request asked for none
+  const std::vector<ToolCall>* tool_calls = nullptr;  // chat: the calls made (null or empty: none)
 };
+
+// An id for a tool call ("call_" and 24 random letters and digits), as OpenAI names them.
+std::string tool_call_id();
 
 // The whole response (stream false): the choices (index = their position) with all their text,
 // `usage` (the choices' sum), and the "baton" extension (timing breakdown, workers) of the first
@@ -91,8 +98,10 @@ std::string completion_body(const ResponseHeader& h, const std::vector<ChoiceOut
 // role). `outcome`: on the choice's last chunk, its finish_reason (and the extension when
 // `include_usage` is false, since then no usage chunk follows). `include_usage`: chunks carry
 // "usage": null, as OpenAI's do. `logprobs`: those of the chunk's tokens (null: none).
+// `tool_calls`: calls this chunk completes (delta.tool_calls, each whole in one delta).
 std::string chunk_body(const ResponseHeader& h, int index, const std::string& text, bool first,
-                       const PipelineOutcome* outcome, bool include_usage, const LogprobsOut* logprobs);
+                       const PipelineOutcome* outcome, bool include_usage, const LogprobsOut* logprobs,
+                       const std::vector<ToolCall>* tool_calls = nullptr);
 // The usage chunk that ends a stream with include_usage: no choices, usage, the extension.
 std::string usage_chunk_body(const ResponseHeader& h, const PipelineOutcome& outcome);
 // One Server-Sent Event: "data: <json>\n\n".

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <limits>
 #include <string>
@@ -86,7 +87,8 @@ inline std::string param_of(const std::string& message) {
   static const char* const kFields[] = {
       "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
       "seed", "stop", "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "suffix",
-      "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "tools", "functions", "response_format", "priority",
+      "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
+      "functions", "response_format", "priority",
       "ignore_eos", "ttft_slo_seconds"};
   size_t n = 0;
   while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;

@@ -2,7 +2,9 @@
 #include <random>
 
 #include "server/openai_json.h"
+#include "model/tool_calls.h"
 #include "server/openai_json_util.h"
+#include "server/openai_tools.h"
 
 namespace baton {
 namespace {
@@ -32,7 +34,6 @@ Status refuse_unsupported(const Json& body, OpenAiEndpoint endpoint) {
   if (endpoint == OpenAiEndpoint::kCompletions) {
     BATON_RETURN_IF_ERROR(off("suffix", is_empty, "baton does not insert text"));
   } else {
-    BATON_RETURN_IF_ERROR(off("tools", is_empty, "baton does not call tools"));
     BATON_RETURN_IF_ERROR(off("functions", is_empty, "baton does not call functions"));
   }
   return {};
@@ -141,7 +142,7 @@ uint64_t choice_seed(uint64_t seed, int j) {
 }
 
 // Chat messages: content is a string, null, or text parts ({"type": "text", "text": ...}).
-Status read_messages(const Json& messages, RequestBuilder& b) {
+Status read_messages(const Json& messages, const std::string& tools_json, RequestBuilder& b) {
   if (!messages.is_array()) return wrong_type("messages", "an array", messages);
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -153,6 +154,7 @@ Status read_messages(const Json& messages, RequestBuilder& b) {
     BATON_ASSIGN_OR_RETURN(std::string role_name, as_string(*role, at + ".role"));
     // OpenAI's newer name for the system role.
     ChatMessage& message = out.emplace_back(ChatMessage{role_name == "developer" ? "system" : role_name, ""});
+    BATON_RETURN_IF_ERROR(read_message_tools(m, at, &message));
     const Json* content = member(m, "content");
     if (content == nullptr) continue;
     if (content->is_string()) {
@@ -175,7 +177,7 @@ Status read_messages(const Json& messages, RequestBuilder& b) {
       message.content += piece;
     }
   }
-  return b.messages(out);
+  return b.messages(out, tools_json);
 }
 
 }  // namespace
@@ -208,14 +210,16 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   BATON_RETURN_IF_ERROR(refuse_unsupported(j, endpoint));
 
   std::vector<const Json*> prompts;
+  ToolRequest tools;
   if (endpoint == OpenAiEndpoint::kCompletions) {
     const Json* prompt = member(j, "prompt");
     if (prompt == nullptr) return invalid_argument("prompt is missing");
     BATON_ASSIGN_OR_RETURN(prompts, read_prompts(*prompt));
   } else {
+    BATON_ASSIGN_OR_RETURN(tools, read_tools(j));
     const Json* messages = member(j, "messages");
     if (messages == nullptr) return invalid_argument("messages is missing");
-    BATON_RETURN_IF_ERROR(read_messages(*messages, b));
+    BATON_RETURN_IF_ERROR(read_messages(*messages, tools.choice == ToolRequest::Choice::kNone ? "" : tools.tools_json, b));
   }
   int n = 1;
   if (const Json* v = member(j, "n")) {
@@ -269,6 +273,18 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   }
   BATON_ASSIGN_OR_RETURN(s.top_logprobs, read_logprobs(j, endpoint));
   BATON_ASSIGN_OR_RETURN(s.format, read_response_format(j));
+  const ToolCallSyntax syntax = model.chat_template ? model.chat_template->tool_call_syntax() : ToolCallSyntax::kTagged;
+  if (tools.choice == ToolRequest::Choice::kRequired || tools.choice == ToolRequest::Choice::kNamed) {
+    // The call is forced: decoded under its function's parameters schema (in the template's syntax).
+    if (s.format.kind != OutputFormat::Kind::kText) {
+      return invalid_argument("response_format and a forced tool call (tool_choice " +
+                              std::string(tools.choice == ToolRequest::Choice::kNamed ? "naming a function" : "required") +
+                              ") cannot both constrain the output: send one");
+    }
+    BATON_ASSIGN_OR_RETURN(s.format, forced_tool_call_format(syntax, tools.tools_json, tools.name));
+  }
+  req.tool_calls = tools.choice != ToolRequest::Choice::kNone;
+  req.tool_syntax = syntax;
   if (const Json* v = member(j, "seed")) {
     BATON_ASSIGN_OR_RETURN(s.seed, as_seed(*v));
   } else {

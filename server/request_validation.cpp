@@ -103,7 +103,7 @@ Status RequestBuilder::prompt_ids(std::span<const int32_t> ids, std::string_view
   return set_prompt(std::vector<int32_t>(ids.begin(), ids.end()));
 }
 
-Status RequestBuilder::messages(const std::vector<ChatMessage>& messages) {
+Status RequestBuilder::messages(const std::vector<ChatMessage>& messages, std::string_view tools_json) {
   BATON_RETURN_IF_ERROR(claim_prompt());
   if (messages.empty()) return invalid_argument("messages is empty: send at least one message");
   size_t bytes = 0;
@@ -114,12 +114,12 @@ Status RequestBuilder::messages(const std::vector<ChatMessage>& messages) {
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant") {
-      return invalid_argument("messages[" + std::to_string(i) + "].role must be system, user or assistant, got " +
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return invalid_argument("messages[" + std::to_string(i) + "].role must be system, user, assistant or tool, got " +
                               quote_input(role));
     }
   }
-  auto text = model_.chat_template->render(messages, /*add_generation_prompt=*/true);
+  auto text = model_.chat_template->render(messages, /*add_generation_prompt=*/true, tools_json);
   if (!text.ok()) return invalid_argument("messages: " + text.status().message());
   auto ids = model_.tokenizer->encode(*text, /*parse_special=*/true);
   if (!ids.ok()) return invalid_argument("messages: " + ids.status().message());

@@ -78,7 +78,8 @@ class RequestBuilder {
   // they are checked one by one.
   Status prompt_text(const std::string& text);
   Status prompt_ids(std::span<const int32_t> ids, std::string_view field);
-  Status messages(const std::vector<ChatMessage>& messages);  // roles: system, user, assistant
+  // Roles: system, user, assistant, tool. `tools_json`: the tools the template renders (empty: none).
+  Status messages(const std::vector<ChatMessage>& messages, std::string_view tools_json = {});
 
   // At least 1; checked against the prompt in build(). Never set: the rest of the context.
   void max_tokens(int64_t n) { max_tokens_ = n; }

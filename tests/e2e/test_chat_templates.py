@@ -109,6 +109,62 @@ def test_model_templates_render_as_transformers(model, baton_bin, hf_tokenizer, 
     print(f"{model}: {len(convs)} conversations equal to transformers ({refused} refused by both)")
 
 
+TOOL_TEMPLATES = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"]
+
+
+def tool_conversations(seed: int, n: int = 24) -> tuple[list[dict], list[dict]]:
+    """Conversations with OpenAI tools: (baton's form, transformers' form). OpenAI sends a call's
+    arguments as JSON text; transformers' templates take a mapping."""
+    rng = random.Random(seed)
+    ours, theirs = [], []
+    for _ in range(n):
+        tools = []
+        for k in range(rng.randint(1, 3)):
+            props = {f"p{j}": rng.choice([{"type": "string", "description": "a name"}, {"type": "integer"},
+                                          {"type": "string", "enum": ["a", "b"]}]) for j in range(rng.randint(0, 3))}
+            tools.append({"type": "function", "function": {
+                "name": f"fn_{k}_{rng.choice(PIECES[:2]).strip().lower() or 'x'}", "description": rng.choice(PIECES),
+                "parameters": {"type": "object", "properties": props, "required": list(props)[:1]}}})
+        msgs = [{"role": "user", "content": rng.choice(PIECES)}]
+        if rng.random() < 0.7:
+            name = tools[0]["function"]["name"]
+            args = {f"p{j}": rng.choice(["x", 3, "b"]) for j in range(rng.randint(0, 2))}
+            msgs.append({"role": "assistant", "content": "",
+                         "tool_calls": [{"id": "call_" + str(rng.randrange(10**6)), "type": "function",
+                                         "function": {"name": name, "arguments": args}}]})
+            msgs.append({"role": "tool", "tool_call_id": msgs[-1]["tool_calls"][0]["id"], "content": rng.choice(PIECES)})
+        gen = rng.random() < 0.8
+        theirs.append({"messages": msgs, "tools": tools, "add_generation_prompt": gen})
+        ours_msgs = json.loads(json.dumps(msgs))
+        for m in ours_msgs:
+            for c in m.get("tool_calls", []):
+                c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+        ours.append({"messages": ours_msgs, "tools": tools, "add_generation_prompt": gen})
+    return ours, theirs
+
+
+@pytest.mark.parametrize("model", TOOL_TEMPLATES)
+def test_tools_render_as_transformers_renders_them(model, baton_bin, hf_tokenizer, tmp_path):
+    """apply_chat_template(tools=...) with the families' tool-aware templates: the tools, an
+    assistant's calls (arguments sent as text, as OpenAI sends them) and tool results."""
+    template = TEMPLATES[model]["template"]
+    (tmp_path / "t.jinja").write_text(template)
+    ours, theirs = tool_conversations(SEED + TOOL_TEMPLATES.index(model))
+    got = baton_render(baton_bin, tmp_path, ours, "--chat-template", str(tmp_path / "t.jinja"),
+                       "--bos-token", "<s>", "--eos-token", "</s>")
+    want = []
+    for c in theirs:
+        import jinja2
+        try:
+            want.append({"text": hf_tokenizer.apply_chat_template(c["messages"], tools=c["tools"], chat_template=template,
+                                                                  tokenize=False,
+                                                                  add_generation_prompt=c["add_generation_prompt"])})
+        except jinja2.exceptions.TemplateError as e:
+            want.append({"error": str(e)})
+    check_equal(model, ours, got, want)
+    assert sum("text" in w for w in want) >= len(want) // 2
+
+
 @pytest.mark.parametrize("name", ["chatml", *BUILTINS])
 def test_builtin_templates_are_the_families_own(name, baton_bin, hf_tokenizer, tmp_path):
     template = CHATML if name == "chatml" else TEMPLATES[BUILTINS[name]]["template"]

@@ -1,4 +1,4 @@
-"""Structured output (response_format) on the real model, checked by Python's `jsonschema`.
+"""Structured output (response_format) and tools on the real model, checked by Python's `jsonschema`.
 
 `baton local` on SmolLM2 (its 49,152-token byte-level vocabulary):
   * 200 random schemas from the supported subset (objects with required and optional properties,
@@ -7,7 +7,10 @@
     the official client: every output parses and validates;
   * greedy output under a schema equals the unconstrained greedy output wherever the latter
     already conforms (the schema is made from that output, so that it does);
-  * streamed chunks, the gRPC API's response_format, and refusals that name the keyword.
+  * streamed chunks, the gRPC API's response_format, and refusals that name the keyword;
+  * tools with the official client, a full round trip: a forced call (tool_choice required, then
+    a named function, streamed) whose arguments validate against the function's parameters, the
+    tool's result sent back, and the answer.
 """
 
 from __future__ import annotations
@@ -219,3 +222,63 @@ def test_grpc_response_format_and_refusals(real_api, pb):
             c.chat.completions.create(model=real_api.model.stem, messages=[{"role": "user", "content": "x"}],
                                       response_format=fmt, max_tokens=4)
         assert says in e.value.message and e.value.body["param"] == "response_format"
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a timezone",
+                                      "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+                                                     "required": ["tz"]}}}]
+
+
+def test_tool_call_round_trip_with_the_official_client(real_api):
+    c = client(real_api, timeout=300)
+    model = real_api.model.stem
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    r = c.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                  temperature=0.7, seed=11, max_tokens=120)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+    # The call and its result go back; the model answers in text (tool_choice auto).
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})})
+    answer = c.chat.completions.create(model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=40)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+    # A named function, streamed: the call arrives as a tool_calls delta, then finish_reason tool_calls.
+    chunks = list(c.chat.completions.create(model=model, messages=messages[:1], tools=TOOLS, stream=True,
+                                            tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                            temperature=0, max_tokens=200))
+    deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "get_time"
+    jsonschema.validate(json.loads(deltas[0].function.arguments), TOOLS[1]["function"]["parameters"])
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
+
+
+def test_tool_refusals_name_the_field(real_api):
+    c = client(real_api)
+    base = {"model": real_api.model.stem, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    for extra, param, says in [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+         "not in tools"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "letters, digits"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+         "cannot both"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "d": {"type": "string", "format": "date"}}}}}], "tool_choice": "required"}, "tools", "'format'"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**base, **extra)
+        assert says in e.value.message, (extra, e.value.message)
+        assert e.value.body["param"] == param, (extra, e.value.body)

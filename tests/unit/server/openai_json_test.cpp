@@ -215,7 +215,7 @@ TEST_CASE("chat messages: text content in any of OpenAI's forms, other parts are
   CHECK_THAT(st.message(), Catch::StartsWith("messages[0].content[1].type"));
   CHECK(error_of(st)["param"] == "messages");
   // A role the template does not know: validation refuses it, naming the message.
-  CHECK_THAT(parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).status().message(),
+  CHECK_THAT(parse(OpenAiEndpoint::kChat, {{"messages", {{{"role", "function"}, {"content", "x"}}}}}).status().message(),
              Catch::StartsWith("messages[0].role"));
   CHECK(parse(OpenAiEndpoint::kChat, {{"messages", Json::array()}}).status().code() == StatusCode::kInvalidArgument);
   CHECK(parse(OpenAiEndpoint::kChat, {{"prompt", "no messages"}}).status().code() == StatusCode::kInvalidArgument);
@@ -298,7 +298,7 @@ TEST_CASE("response_format: json_object, json_schema in its own member order, th
 TEST_CASE("features baton does not have are refused by name unless off", "[openai]") {
   const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   const std::vector<std::pair<const char*, Json>> refused = {
-      {"best_of", 2}, {"logit_bias", {{"50256", -100}}}, {"tools", {{{"type", "function"}}}}};
+      {"best_of", 2}, {"logit_bias", {{"50256", -100}}}, {"functions", {{{"name", "f"}}}}};
   for (const auto& [field, value] : refused) {
     Json body = base;
     body[field] = value;
