@@ -5,6 +5,8 @@
 #include <map>
 #include <random>
 
+#include "grammar/json_schema.h"
+
 using namespace baton;
 
 TEST_CASE("greedy sampling is argmax with the lowest index on ties", "[sampler]") {
@@ -187,4 +189,41 @@ TEST_CASE("a mask limits every kind of draw to the allowed tokens, as sampling o
   SampleSpec spec;
   spec.allowed = mask.data();
   CHECK(sample_row(bad, spec, {}, nullptr) == kNonFiniteLogits);
+}
+
+TEST_CASE("a constrained sampler's grammar follows its output, and set_history rebuilds it after a failover",
+          "[sampler]") {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  for (const char* piece : {"{\"", "\":", "true", "}", " "}) bytes.emplace_back(piece);
+  bytes.emplace_back();  // the stop token
+  const auto stop = static_cast<int32_t>(bytes.size() - 1);
+  auto vocab = grammar::TokenVocabulary::create(bytes, {stop});
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = std::random_device{}();
+  p.constraint = std::make_shared<grammar::TokenConstraint>(grammar::json_object_grammar(), vocab);
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  Sampler live(p);
+  std::vector<int32_t> out;
+  for (int pos = 0; pos < 200; ++pos) {
+    std::vector<float> logits(bytes.size());
+    for (float& x : logits) x = nd(rng);
+    const int32_t t = live.sample(logits, pos);
+    const uint32_t* allowed = live.spec_at(pos).allowed;
+    REQUIRE(allowed != nullptr);
+    REQUIRE(((allowed[t / 32] >> (t % 32)) & 1u) == 1u);
+    // A worker taking over from here gets the output so far and must allow what this one does.
+    Sampler taken_over(p);
+    taken_over.set_history({}, out);
+    REQUIRE(taken_over.spec_at(pos).allowed == allowed);
+    if (t == stop) break;
+    out.push_back(t);
+    live.observe(t);
+  }
+  std::string text;
+  for (int32_t t : out) text += bytes[static_cast<size_t>(t)];
+  INFO(text);
+  CHECK((text.empty() || text.find('{') != std::string::npos));
 }
