@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -33,6 +34,7 @@ struct GenerateArgs {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   int logprobs = -1;  // >= 0: print each token's log-probability and this many alternatives
+  std::string json_schema;  // structured output: a JSON Schema file, or "object" (any JSON object)
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int priority = 0;
@@ -128,6 +130,16 @@ int run_generate(const GenerateArgs& a, InterruptWatcher& interrupts) {
   sampling->set_frequency_penalty(a.frequency_penalty);
   if (a.repetition_penalty != 1.0f) sampling->set_repetition_penalty(a.repetition_penalty);
   if (a.logprobs >= 0) sampling->set_top_logprobs(a.logprobs);
+  if (a.json_schema == "object") {
+    sampling->mutable_response_format()->set_type(v1::ResponseFormat::JSON_OBJECT);
+  } else if (!a.json_schema.empty()) {
+    std::ifstream in(a.json_schema);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return fail(kExitUsage, "--json-schema: cannot read " + a.json_schema);
+    sampling->mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+    sampling->mutable_response_format()->set_json_schema(text.str());
+  }
   request.set_max_tokens(a.max_tokens);
   for (const std::string& s : a.stop) request.add_stop(s);
   request.set_ignore_eos(a.ignore_eos);
@@ -236,6 +248,9 @@ void add_generate_command(CLI::App& app, std::function<int(InterruptWatcher&)>* 
       ->check(CLI::Range(0.05f, 20.0f));
   g->add_option("--logprobs", a->logprobs, "Print each token's log-probability and this many alternatives (stderr)")
       ->check(CLI::Range(0, 20));
+  g->add_option("--json-schema", a->json_schema,
+                "Structured output: the text is a JSON document valid against this JSON Schema file (\"object\": any "
+                "JSON object)");
   g->add_option("--stop", a->stop, "Stop when the text contains this string (repeatable)");
   g->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
   g->add_option("--priority", a->priority, "Higher runs first when requests wait for capacity");

@@ -7,7 +7,8 @@
     the official client: every output parses and validates;
   * greedy output under a schema equals the unconstrained greedy output wherever the latter
     already conforms (the schema is made from that output, so that it does);
-  * streamed chunks, the gRPC API's response_format, and refusals that name the keyword;
+  * streamed chunks, the gRPC API's response_format (and batonctl's --json-schema), and refusals
+    that name the keyword;
   * tools with the official client, a full round trip: a forced call (tool_choice required, then
     a named function, streamed) whose arguments validate against the function's parameters, the
     tool's result sent back, and the answer.
@@ -195,7 +196,7 @@ def test_streamed_chunks_join_into_a_valid_document(real_api):
     jsonschema.validate(json.loads(text), schema)
 
 
-def test_grpc_response_format_and_refusals(real_api, pb):
+def test_grpc_response_format_and_refusals(real_api, pb, batonctl, tmp_path):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
               "required": ["ok", "n"], "additionalProperties": False}
     req = pb.gen.GenerateRequest(prompt="The answer, as JSON:", max_tokens=60)
@@ -212,6 +213,20 @@ def test_grpc_response_format_and_refusals(real_api, pb):
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Generate(bad, timeout=30))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'pattern'" in e.value.details()
+
+    # batonctl generate --json-schema: the same through the CLI.
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    out = subprocess.run([str(batonctl), "generate", "--address", real_api.address, "--prompt", "The answer, as JSON:",
+                          "--max-tokens", "60", "--temperature", "1", "--seed", "5", "--json-schema", str(schema_file)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), schema)
+    bad_file = tmp_path / "bad.json"
+    bad_file.write_text('{"type": "integer", "minimum": 3}')
+    out = subprocess.run([str(batonctl), "generate", "--address", real_api.address, "--prompt", "x",
+                          "--json-schema", str(bad_file)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "'minimum'" in out.stderr
 
     c = client(real_api)
     for fmt, says in [(response_format({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}),
