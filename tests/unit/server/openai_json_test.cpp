@@ -13,80 +13,13 @@
 #include <string>
 #include <tuple>
 
-#include "model/gguf.h"
-#include "model/test_model.h"
 #include "server/openai_json.h"
+#include "tests/unit/server/openai_test_support.h"
 
 namespace baton {
 namespace {
 
-using Json = nlohmann::json;
-
-uint32_t test_seed() {
-  const char* env = std::getenv("BATON_TEST_SEED");
-  const uint32_t seed = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-  std::printf("openai_json_test seed %u (rerun with BATON_TEST_SEED=%u)\n", seed, seed);
-  return seed;
-}
-
-// The random test model as the frontend serves it (tokenizer, ChatML template, context 1024).
-struct Served {
-  Served() {
-    auto f = GgufFile::parse(make_test_model({}).to_bytes());
-    REQUIRE(f.ok());
-    file = std::move(*f);
-    auto t = Tokenizer::from_gguf(*file);
-    REQUIRE(t.ok());
-    tokenizer = std::move(*t);
-    auto c = model_config_from_gguf(*file);
-    REQUIRE(c.ok());
-    model.name = "test-model";
-    model.config = *c;
-    model.fingerprint = model_fingerprint(*c, *file);
-    model.tokenizer = tokenizer.get();
-    auto tmpl = chat_template_from_gguf(*file);
-    REQUIRE(tmpl.ok());
-    model.chat_template = *tmpl;
-    model.max_prompt_bytes = max_prompt_bytes(*tokenizer, c->n_ctx);
-  }
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Tokenizer> tokenizer;
-  ServedModel model;
-};
-
-const Served& served() {
-  static const Served s;
-  return s;
-}
-
-RequestBuilder builder() { return RequestBuilder(served().model, std::nullopt); }
-
-Result<OpenAiRequest> parse(OpenAiEndpoint e, const Json& body) {
-  return parse_openai_request(e, body.dump(), served().model, builder());
-}
-
-// What a prompt's text becomes (the tokenizer's ids, after BOS when the model adds one).
-std::vector<int32_t> encoded(const std::string& text) {
-  const Tokenizer& t = *served().tokenizer;
-  auto ids = t.encode(text, /*parse_special=*/true);
-  REQUIRE(ids.ok());
-  if (t.add_bos()) ids->insert(ids->begin(), t.bos_id());
-  return *ids;
-}
-
-// The error a client would see for `status`: the JSON object under "error".
-Json error_of(const Status& status) {
-  const Json j = Json::parse(error_body(http_status_of(status.code()), status));
-  REQUIRE(j.contains("error"));
-  return j["error"];
-}
-
-std::string random_text(std::mt19937& rng, size_t max_len) {
-  static const std::string alphabet = "abcdefghij klmnop.,!?";
-  std::string s(1 + rng() % max_len, ' ');
-  for (char& c : s) c = alphabet[rng() % alphabet.size()];
-  return s;
-}
+using namespace openai_test;
 
 }  // namespace
 
@@ -263,36 +196,6 @@ TEST_CASE("a field of the wrong JSON type is named, in the message and as the er
   }
   // null is "not set", as in OpenAI's API.
   CHECK(parse(OpenAiEndpoint::kCompletions, {{"prompt", "hi"}, {"temperature", nullptr}, {"stop", nullptr}}).ok());
-}
-
-TEST_CASE("response_format: json_object, json_schema in its own member order, the subset's refusals", "[openai]") {
-  const Json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
-  Json body = base;
-  body["response_format"] = {{"type", "json_object"}};
-  auto obj = parse(OpenAiEndpoint::kChat, body);
-  REQUIRE(obj.ok());
-  CHECK(obj->choices.front().pipeline.sampling.format.kind == OutputFormat::Kind::kJsonObject);
-  // The schema's text keeps the order the client wrote (properties are generated in it).
-  const std::string schema = R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}})";
-  const std::string with_schema = R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"t","strict":true,"schema":)" + schema + "}}}";
-  auto js = parse_openai_request(OpenAiEndpoint::kCompletions, with_schema, served().model, builder());
-  REQUIRE(js.ok());
-  CHECK(js->choices.front().pipeline.sampling.format.kind == OutputFormat::Kind::kJsonSchema);
-  CHECK(js->choices.front().pipeline.sampling.format.schema == schema);
-  for (const auto& [format, says] : std::vector<std::pair<Json, const char*>>{
-           {{{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}, "'pattern'"},
-           {{{"type", "json_schema"}, {"json_schema", {{"name", "t"}}}}, "schema is missing"},
-           {{{"type", "json_schema"}}, "json_schema is missing"},
-           {{{"type", "xml"}}, "text, json_object or json_schema"},
-           {"json", "must be an object"}}) {
-    Json bad = base;
-    bad["response_format"] = format;
-    INFO(bad.dump());
-    const Status st = parse(OpenAiEndpoint::kChat, bad).status();
-    CHECK(st.code() == StatusCode::kInvalidArgument);
-    CHECK(error_of(st)["param"] == "response_format");
-    CHECK_THAT(st.message(), Catch::Contains(says));
-  }
 }
 
 TEST_CASE("features baton does not have are refused by name unless off", "[openai]") {
