@@ -50,6 +50,15 @@ def make_test_model(baton_bin, path, seed, layers, dim, heads, kv_heads, ffn, ct
     return path
 
 
+def real_model_path():
+    """The real model (SmolLM2): $BATON_MODEL, else what scripts/fetch-model.sh fetches."""
+    model = os.environ.get("BATON_MODEL")
+    if not model:
+        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
+                               text=True).stdout.strip().splitlines()[-1]
+    return Path(model)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

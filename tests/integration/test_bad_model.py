@@ -9,17 +9,15 @@ and then never produces a token: `generate` fails, and a served request ends INT
 reason, without a token, without a failover (it would overflow anywhere), its KV blocks freed, and
 the worker's log says so."""
 
-import os
 import random
 import subprocess
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from serving_harness import REPO, Server, wait_blocks_free
+from serving_harness import Server, real_model_path, wait_blocks_free
 
 CORRUPT_TENSOR = "blk.1.ffn_down.weight"
 
@@ -45,11 +43,7 @@ def corrupt_model(test_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_model():
-    model = os.environ.get("BATON_MODEL")
-    if not model:
-        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
-                               text=True).stdout.strip().splitlines()[-1]
-    return Path(model)
+    return real_model_path()
 
 
 # Quantised tensors of SmolLM2-135M-Instruct.Q4_1.gguf: (name, type, bytes per 32-weight block). Each

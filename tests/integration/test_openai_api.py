@@ -13,20 +13,17 @@ HTTPS, API keys and the secure default are in test_openai_security.py; connectio
 limits, clients that leave and 200 concurrent streams in test_openai_limits.py. The JSON
 conversions themselves are unit-tested in tests/unit/server/openai_json_test.cpp."""
 
-import os
 import re
 import signal
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import httpx2
 import openai
 import pytest
 
-from serving_harness import (HTTP, REPO, TEST_MODEL, Server, client, free_port, metric_values, random_ids,
+from serving_harness import (HTTP, TEST_MODEL, Server, client, free_port, metric_values, random_ids, real_model_path,
                              reference_text, streamed_text)
 
 
@@ -111,12 +108,9 @@ def test_chat_whole_and_streamed_equal_baton_generate_chat(baton_bin, test_model
 
 @pytest.fixture(scope="module")
 def real_api(baton_bin):
-    model = os.environ.get("BATON_MODEL")
-    if not model:
-        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
-                               text=True).stdout.strip().splitlines()[-1]
-    s = Server(baton_bin, Path(model), "--dtype", "f32", *HTTP)
-    s.model = Path(model)
+    model = real_model_path()
+    s = Server(baton_bin, model, "--dtype", "f32", *HTTP)
+    s.model = model
     yield s
     s.stop_clean()
 

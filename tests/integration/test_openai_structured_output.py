@@ -17,18 +17,16 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import jsonschema
 import openai
 import pytest
 
-from serving_harness import HTTP, REPO, Server, client
+from serving_harness import HTTP, Server, client, real_model_path
 
 WORDS = ["river", "engine", "violet", "seven", "garden", "orbit", "copper", "lantern", "north", "maple", "quiet",
          "harbor", "signal", "pepper", "atlas", "winter", "canvas", "ember", "tunnel", "velvet"]
@@ -36,12 +34,9 @@ WORDS = ["river", "engine", "violet", "seven", "garden", "orbit", "copper", "lan
 
 @pytest.fixture(scope="module")
 def real_api(baton_bin):
-    model = os.environ.get("BATON_MODEL")
-    if not model:
-        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
-                               text=True).stdout.strip().splitlines()[-1]
-    s = Server(baton_bin, Path(model), "--max-batch", "16", *HTTP)
-    s.model = Path(model)
+    model = real_model_path()
+    s = Server(baton_bin, model, "--max-batch", "16", *HTTP)
+    s.model = model
     yield s
     s.stop_clean()
 

@@ -2,23 +2,16 @@
 the proto: a chat prompt streams a sensible answer, and the final message's timing breakdown is
 present and consistent."""
 
-import os
-import subprocess
-from pathlib import Path
-
 import grpc
 import pytest
 
-from serving_harness import REPO, Server
+from serving_harness import Server, real_model_path
 
 
 @pytest.fixture(scope="module")
 def real_server(baton_bin):
-    model = os.environ.get("BATON_MODEL")
-    if not model:
-        model = subprocess.run([str(REPO / "scripts" / "fetch-model.sh")], check=True, capture_output=True,
-                               text=True).stdout.strip().splitlines()[-1]
-    s = Server(baton_bin, Path(model))
+    model = real_model_path()
+    s = Server(baton_bin, model)
     yield s
     s.stop_clean()
 
