@@ -1,7 +1,5 @@
 #include "server/http_call.h"
 
-#include "model/tool_calls.h"
-
 #include <httplib.h>
 
 #include <algorithm>
@@ -12,6 +10,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "model/tool_calls.h"
 
 namespace baton {
 namespace {
