@@ -26,7 +26,10 @@ import pytest
 from serving_harness import (NOT_SERVING, SERVING, Stream, free_port, health_check, make_test_model, metric_values,
                              wait_blocks_free)
 
-WORKER_FLAGS = ("--dtype", "f32", "--threads", "1")
+# The workers of a test share this host's cores: a prefill engine at the default niceness 10 would
+# get a tenth of a core while a decode worker computes beside it (a partitioned one keeps
+# computing its abandoned sequences), and a failover's re-prefill would wait seconds for it.
+WORKER_FLAGS = ("--dtype", "f32", "--threads", "1", "--prefill-nice", "0")
 # Seconds the prefill workers stay dead in the outage test. The scenario is 180 s: gRPC's
 # default reconnect backoff grows to 120 s, which only a long outage reveals.
 OUTAGE_SECONDS = float(os.environ.get("BATON_TEST_OUTAGE_SECONDS", "180"))

@@ -65,8 +65,11 @@ def wait_until(cond, timeout=120):
 
 def reprefill_seconds(pb, address, work, streams, moved, fault_at):
     """Wall time to prefill, together, what the moved streams had to re-prefill: each prompt and the
-    tokens it had streamed by the fault (max_tokens 1: the prefill is all that runs)."""
+    tokens it had streamed by the fault (max_tokens 1: the prefill is all that runs). Other token
+    ids of the same lengths: the failover's own prefill put these in the prefix cache, and a
+    measurement that hits it would time a lookup, not a prefill."""
     token_lists = [work[i] + [t for t, at in zip(streams[i].ids, streams[i].times) if at < fault_at] for i in moved]
+    token_lists = [[3 + (t + 131) % 270 for t in ids] for ids in token_lists]
     t0 = time.monotonic()
     again = [Stream(pb, address, ids, 1) for ids in token_lists]
     for s in again:
