@@ -12,6 +12,33 @@ int64_t blocks_for(int64_t n_tokens, int32_t block_size) {
   return (n_tokens + block_size - 1) / block_size;
 }
 
+namespace {
+
+// `workers` without those in `avoid`.
+std::vector<WorkerSnapshot> without(const std::vector<WorkerSnapshot>& workers, const std::vector<std::string>& avoid) {
+  std::vector<WorkerSnapshot> out;
+  for (const auto& w : workers) {
+    if (std::find(avoid.begin(), avoid.end(), w.address) == avoid.end()) out.push_back(w);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> pick_avoiding(const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
+                                         const std::vector<std::string>& avoid, const PlacementRequest& q) {
+  if (!avoid.empty()) {
+    if (auto other = policy.pick(without(workers, avoid), q)) return other;
+  }
+  return policy.pick(workers, q);
+}
+
+const WorkerSnapshot* find_worker(const std::vector<WorkerSnapshot>& workers, const std::string& address) {
+  const auto it =
+      std::find_if(workers.begin(), workers.end(), [&](const WorkerSnapshot& w) { return w.address == address; });
+  return it == workers.end() ? nullptr : &*it;
+}
+
 std::optional<std::string> DecodePlacement::pick(std::span<const WorkerSnapshot> workers,
                                                  const PlacementRequest& request) const {
   const WorkerSnapshot* best = nullptr;

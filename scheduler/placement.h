@@ -32,6 +32,12 @@ class PlacementPolicy {
                                           const PlacementRequest& request) const = 0;
 };
 
+// The worker `policy` picks for `q`, passing over those in `avoid` while another fits.
+std::optional<std::string> pick_avoiding(const PlacementPolicy& policy, const std::vector<WorkerSnapshot>& workers,
+                                         const std::vector<std::string>& avoid, const PlacementRequest& q);
+// The worker of `workers` at `address` (null: none).
+const WorkerSnapshot* find_worker(const std::vector<WorkerSnapshot>& workers, const std::string& address);
+
 // Decode: among placeable workers whose available blocks (reported free minus this frontend's
 // unreported reservations) hold blocks_for(n_total_tokens), the one with the most free KV
 // positions (available blocks × block_size; "most free blocks" when block sizes agree), so load

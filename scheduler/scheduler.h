@@ -48,6 +48,8 @@
 // rate measured) are admitted. While a target is set, workers are handed prompts only up to
 // slo_hold_fraction of it (see SchedulerConfig), so the queue here, in priority order, holds the
 // rest: a higher priority sees less work ahead of it, and lower priorities are refused first.
+// (The predictions, the admission and the choice of where to prefill are in slo_admission.cpp;
+// the queue and placement in scheduler.cpp.)
 //
 // Queue invariant: the queue holds only requests submit() would accept now; poll() fails the
 // rest (deadline passed; all decode or prefill workers gone: UNAVAILABLE; no decode worker large
@@ -63,6 +65,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -134,6 +137,13 @@ struct PendingRequest {
   std::shared_ptr<const std::vector<int32_t>> tokens;
   // The client's own TTFT target in seconds (0: the server's); the tighter of the two applies.
   double ttft_slo_seconds = 0;
+
+  // What a placement policy sees of it.
+  PlacementRequest placement() const {
+    std::span<const int32_t> t;
+    if (tokens) t = *tokens;
+    return {n_prompt_tokens, n_total_tokens, t};
+  }
 };
 
 // Why admission to a TTFT target refused a request: the side predicted to make it late.
