@@ -153,11 +153,17 @@ Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::stri
   if (!parsed.ok()) {
     return Status(parsed.status().code(), where + ", " + parsed.status().message() + suggestion());
   }
-  // Llama 3.1's template writes calls as {"name": ..., "parameters": ...} with no tags around them.
-  const bool tagged = source.find("<tool_call>") != std::string_view::npos ||
-                      source.find("\"parameters\": ") == std::string_view::npos;
-  ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens),
-                 tagged ? ToolCallSyntax::kTagged : ToolCallSyntax::kJson);
+  // Llama 3.1's template writes calls as {"name": ..., "parameters": ...} with no tags around them;
+  // Mistral's after [TOOL_CALLS].
+  ToolCallSyntax syntax = ToolCallSyntax::kTagged;
+  if (source.find("<tool_call>") != std::string_view::npos) {
+    syntax = ToolCallSyntax::kTagged;
+  } else if (source.find("[TOOL_CALLS]") != std::string_view::npos) {
+    syntax = ToolCallSyntax::kMistral;
+  } else if (source.find("\"parameters\": ") != std::string_view::npos) {
+    syntax = ToolCallSyntax::kJson;
+  }
+  ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens), syntax);
   const ChatMessage probe[] = {{"user", "Hello"}};
   auto rendered = t.render(probe, /*add_generation_prompt=*/true);
   if (!rendered.ok()) {

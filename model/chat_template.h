@@ -43,8 +43,9 @@ struct ChatMessage {
 // How a template's model writes a tool call, read from the template's source: kTagged, a JSON
 // object {"name", "arguments"} between <tool_call> and </tool_call> lines (Hermes, Qwen 2.5 and 3,
 // SmolLM3; also the default for templates that render no tools); kJson, a bare JSON object
-// {"name", "parameters"} (Llama 3.1 and 3.2).
-enum class ToolCallSyntax { kTagged, kJson };
+// {"name", "parameters"} (Llama 3.1 and 3.2); kMistral, [TOOL_CALLS] and a JSON list of
+// {"name", "arguments"} objects (Mistral 7B v0.3, Nemo, Small).
+enum class ToolCallSyntax { kTagged, kJson, kMistral };
 
 // The special tokens' text a template may print ({{ bos_token }}); empty: the model has none,
 // and the template sees an undefined name, as with transformers.

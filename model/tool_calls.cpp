@@ -10,6 +10,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+// Mistral (v0.3 and later templates): "[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]".
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 
 std::string_view trim(std::string_view s) {
   const size_t a = s.find_first_not_of(" \t\r\n");
@@ -18,9 +20,8 @@ std::string_view trim(std::string_view s) {
 }
 
 // {"name": ..., "arguments" | "parameters": {...}} → a call (arguments as compact JSON text).
-bool read_call(std::string_view text, ToolCall* call) {
-  const Json j = Json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+bool read_call(const Json& j, ToolCall* call) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
   const Json* args = j.contains("arguments") ? &j["arguments"] : j.contains("parameters") ? &j["parameters"] : nullptr;
   call->name = j["name"].get<std::string>();
   if (args == nullptr) {
@@ -31,6 +32,75 @@ bool read_call(std::string_view text, ToolCall* call) {
     call->arguments = args->dump();
   }
   return true;
+}
+
+bool read_call(std::string_view text, ToolCall* call) {
+  const Json j = Json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
+  return !j.is_discarded() && read_call(j, call);
+}
+
+// Where the JSON array or object that opens `text` ends (one past its closing bracket), or npos
+// when it does not close. Brackets inside strings do not count.
+size_t json_value_end(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if ((c == ']' || c == '}') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// Mistral: each "[TOOL_CALLS]" followed by a JSON list of calls (or one call) is read; a list
+// with anything but calls in it, or one cut short, is text, as is everything after it.
+void parse_mistral(std::string_view text, ToolOutput* out) {
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t marker = text.find(kMistralCalls, at);
+    if (marker == std::string_view::npos) break;
+    const size_t open = text.find_first_not_of(" \t\r\n", marker + kMistralCalls.size());
+    if (open == std::string_view::npos || (text[open] != '[' && text[open] != '{')) break;
+    const size_t end = json_value_end(text.substr(open));
+    if (end == std::string_view::npos) break;
+    const Json j = Json::parse(text.substr(open, end), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) break;
+    std::vector<ToolCall> calls;
+    bool all = true;
+    for (const Json& item : j.is_array() ? j : Json::array({j})) {
+      ToolCall call;
+      all = all && read_call(item, &call);
+      calls.push_back(std::move(call));
+    }
+    if (!all || calls.empty()) break;
+    out->content += text.substr(at, marker - at);
+    for (ToolCall& c : calls) out->calls.push_back(std::move(c));
+    at = open + end;
+  }
+  out->content += text.substr(std::min(at, text.size()));
+}
+
+// The text a call starts with in `syntax` (empty: kJson, whose call is the whole output).
+std::string_view call_marker(ToolCallSyntax syntax) {
+  switch (syntax) {
+    case ToolCallSyntax::kTagged: return kOpen;
+    case ToolCallSyntax::kMistral: return kMistralCalls;
+    case ToolCallSyntax::kJson: break;
+  }
+  return {};
 }
 
 }  // namespace
@@ -68,6 +138,9 @@ Result<OutputFormat> forced_tool_call_format(ToolCallSyntax syntax, std::string_
   if (syntax == ToolCallSyntax::kTagged) {
     f.prefix = std::string(kOpen) + "\n";
     f.suffix = "\n" + std::string(kClose);
+  } else if (syntax == ToolCallSyntax::kMistral) {
+    f.prefix = std::string(kMistralCalls) + " [";
+    f.suffix = "]";
   }
   if (Status st = validate_output_format(f); !st.ok()) return st.with_message("tools: " + st.message());
   return f;
@@ -82,6 +155,8 @@ ToolOutput parse_tool_calls(ToolCallSyntax syntax, std::string_view text) {
     } else {
       out.content = std::string(text);
     }
+  } else if (syntax == ToolCallSyntax::kMistral) {
+    parse_mistral(text, &out);
   } else {
     size_t at = 0;
     while (at < text.size()) {
@@ -124,10 +199,11 @@ size_t tool_call_free_prefix(ToolCallSyntax syntax, std::string_view text) {
     const std::string_view t = trim(text);
     return t.empty() || t.front() == '{' ? 0 : text.size();
   }
-  if (const size_t open = text.find(kOpen); open != std::string_view::npos) return open;
-  // A tail that may still become "<tool_call>" waits.
-  for (size_t n = std::min(text.size(), kOpen.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == kOpen.substr(0, n)) return text.size() - n;
+  const std::string_view marker = call_marker(syntax);
+  if (const size_t open = text.find(marker); open != std::string_view::npos) return open;
+  // A tail that may still become the marker waits.
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return text.size() - n;
   }
   return text.size();
 }

@@ -126,7 +126,7 @@ class HttpCall final : public PublicCall {
   void read_calls_locked(Choice& c) {
     ToolOutput parsed = parse_tool_calls(*tool_syntax_, c.text);
     if (parsed.calls.empty()) return;
-    for (ToolCall& call : parsed.calls) call.id = tool_call_id();
+    for (ToolCall& call : parsed.calls) call.id = tool_call_id(*tool_syntax_);
     c.text = std::move(parsed.content);
     c.calls = std::move(parsed.calls);
     if (c.outcome.finish_reason == "stop") c.outcome.finish_reason = "tool_calls";  // "length" stays

@@ -158,11 +158,13 @@ Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
 
 }  // namespace
 
-std::string tool_call_id() {
+std::string tool_call_id(ToolCallSyntax syntax) {
   static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof kAlphabet - 1)];
+  // Mistral's templates refuse a call id in the history that is not 9 letters and digits.
+  const bool mistral = syntax == ToolCallSyntax::kMistral;
+  std::string id = mistral ? "" : "call_";
+  for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlphabet[rng() % (sizeof kAlphabet - 1)];
   return id;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/chat_template.h"
 #include "scheduler/request_pipeline.h"
 #include "server/request_validation.h"
 
@@ -86,8 +87,9 @@ struct ChoiceOut {
   const std::vector<ToolCall>* tool_calls = nullptr;  // chat: the calls made (null or empty: none)
 };
 
-// An id for a tool call ("call_" and 24 random letters and digits), as OpenAI names them.
-std::string tool_call_id();
+// An id for a tool call ("call_" and 24 random letters and digits, as OpenAI names them; for a
+// Mistral template 9 letters and digits, the only ids its template renders back).
+std::string tool_call_id(ToolCallSyntax syntax);
 
 // The whole response (stream false): the choices (index = their position) with all their text,
 // `usage` (the choices' sum), and the "baton" extension (timing breakdown, workers) of the first

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import string
 import subprocess
 from pathlib import Path
 
@@ -109,7 +110,8 @@ def test_model_templates_render_as_transformers(model, baton_bin, hf_tokenizer, 
     print(f"{model}: {len(convs)} conversations equal to transformers ({refused} refused by both)")
 
 
-TOOL_TEMPLATES = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"]
+TOOL_TEMPLATES = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct",
+                  "mistralai/Mistral-7B-Instruct-v0.3"]
 
 
 def tool_conversations(seed: int, n: int = 24) -> tuple[list[dict], list[dict]]:
@@ -130,7 +132,10 @@ def tool_conversations(seed: int, n: int = 24) -> tuple[list[dict], list[dict]]:
             name = tools[0]["function"]["name"]
             args = {f"p{j}": rng.choice(["x", 3, "b"]) for j in range(rng.randint(0, 2))}
             msgs.append({"role": "assistant", "content": "",
-                         "tool_calls": [{"id": "call_" + str(rng.randrange(10**6)), "type": "function",
+                         # 9 letters and digits: the only ids Mistral's template takes (baton gives
+                         # its calls such ids for that template: server/openai_json.h)
+                         "tool_calls": [{"id": "".join(rng.choice(string.ascii_letters + string.digits)
+                                                       for _ in range(9)), "type": "function",
                                          "function": {"name": name, "arguments": args}}]})
             msgs.append({"role": "tool", "tool_call_id": msgs[-1]["tool_calls"][0]["id"], "content": rng.choice(PIECES)})
         gen = rng.random() < 0.8

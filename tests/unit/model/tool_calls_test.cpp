@@ -58,6 +58,44 @@ TEST_CASE("bare JSON tool calls (Llama 3.1) take the whole output", "[tools]") {
   CHECK(parse_tool_calls(ToolCallSyntax::kJson, "It is {noon}.").calls.empty());
 }
 
+TEST_CASE("Mistral tool calls: [TOOL_CALLS] and a JSON list of calls", "[tools]") {
+  auto two = parse_tool_calls(ToolCallSyntax::kMistral,
+                              "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"[Oslo]\"}}, "
+                              "{\"name\": \"now\", \"arguments\": {}}]");
+  REQUIRE(two.calls.size() == 2);
+  CHECK(two.calls[0].name == "get_weather");
+  CHECK(two.calls[0].arguments == R"({"city":"[Oslo]"})");  // brackets inside strings do not end the list
+  CHECK(two.calls[1].name == "now");
+  CHECK(two.content_null);
+  // Text before and after the list is content; one object instead of a list is a call too.
+  auto around = parse_tool_calls(ToolCallSyntax::kMistral, "Checking.[TOOL_CALLS]{\"name\": \"now\", \"arguments\": {}} ok");
+  REQUIRE(around.calls.size() == 1);
+  CHECK(around.content == "Checking. ok");
+  // Not calls: cut short, an item without a name, broken JSON, no list after the marker.
+  for (const char* text : {"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}", "[TOOL_CALLS] [{\"arguments\": {}}]",
+                           "[TOOL_CALLS] [{\"name\": now}]", "[TOOL_CALLS] sure", "plain [text]"}) {
+    auto t = parse_tool_calls(ToolCallSyntax::kMistral, text);
+    CHECK(t.calls.empty());
+    CHECK(t.content == text);
+  }
+  const std::string marker = "[TOOL_CALLS]";
+  for (size_t n = 1; n < marker.size(); ++n) {
+    INFO(n);
+    CHECK(tool_call_free_prefix(ToolCallSyntax::kMistral, "Hi " + marker.substr(0, n)) == 3);
+  }
+  CHECK(tool_call_free_prefix(ToolCallSyntax::kMistral, "Hi [TOOL_CALLS] [{") == 3);
+  CHECK(tool_call_free_prefix(ToolCallSyntax::kMistral, "a [b] c") == 7);
+  // A forced call: the marker, a list of one call; what the constraint lets through reads back.
+  auto forced = forced_tool_call_format(ToolCallSyntax::kMistral, kTools, "get_weather");
+  REQUIRE(forced.ok());
+  const std::string sample = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]";
+  CHECK(accepts(*forced, sample));
+  CHECK_FALSE(accepts(*forced, "[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}]"));
+  auto back = parse_tool_calls(ToolCallSyntax::kMistral, sample);
+  REQUIRE(back.calls.size() == 1);
+  CHECK(back.calls[0].arguments == R"({"city":"Oslo"})");
+}
+
 TEST_CASE("streamed text is held back only where a call may start", "[tools]") {
   const std::string call = "<tool_call>";
   CHECK(tool_call_free_prefix(ToolCallSyntax::kTagged, "Hello there") == 11);

@@ -2,7 +2,9 @@
 // request bodies read into the validated request, and the shapes calls come back in. The calls'
 // grammar and parsing are model/tool_calls.h's (tests/unit/model/tool_calls_test.cpp); the served
 // round trip is tests/integration/test_openai_structured_output.py.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <set>
 #include <string>
 
@@ -128,12 +130,17 @@ TEST_CASE("a conversation with calls and their results is read, and refused wher
 TEST_CASE("calls come back in OpenAI's shapes, whole and streamed", "[openai]") {
   std::set<std::string> ids;
   for (int i = 0; i < 100; ++i) {
-    const std::string id = tool_call_id();
+    const std::string id = tool_call_id(ToolCallSyntax::kTagged);
     CHECK(id.size() == 29);
     CHECK(id.rfind("call_", 0) == 0);
     ids.insert(id);
+    // Mistral's templates take back only 9 letters and digits.
+    const std::string mistral = tool_call_id(ToolCallSyntax::kMistral);
+    CHECK(mistral.size() == 9);
+    CHECK(std::all_of(mistral.begin(), mistral.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); }));
+    ids.insert(mistral);
   }
-  CHECK(ids.size() == 100);
+  CHECK(ids.size() == 200);
   const std::vector<ToolCall> calls = {{"call_a", "get_weather", R"({"city":"Oslo"})"}, {"call_b", "now", "{}"}};
   ResponseHeader h{OpenAiEndpoint::kChat, response_id(OpenAiEndpoint::kChat, "r"), 1, "test-model"};
   PipelineOutcome o;
