@@ -97,11 +97,12 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
       ->check(CLI::Range(0.001, 1e9))
       ->envname("BATON_PROGRESS_MIN_PREFILL_RATE");
   c->add_option("--worker-keepalive-seconds", a.worker_keepalive_seconds,
-                "Frontend: HTTP/2 ping interval on worker connections")
+                "Frontend: HTTP/2 ping interval on worker connections; workers: on their callers' connections")
       ->check(CLI::Range(1.0, 86400.0))
       ->envname("BATON_WORKER_KEEPALIVE_SECONDS");
   c->add_option("--worker-keepalive-timeout-seconds", a.worker_keepalive_timeout_seconds,
-                "Frontend: a worker connection whose ping is not answered within this is broken (its calls fail over)")
+                "Frontend: a worker connection whose ping is not answered within this is broken (its calls fail "
+                "over); workers: a caller's connection likewise (its calls are cancelled and what they hold freed)")
       ->check(CLI::Range(0.1, 3600.0))
       ->envname("BATON_WORKER_KEEPALIVE_TIMEOUT_SECONDS");
   c->add_option("--no-worker-timeout", a.no_worker_timeout,

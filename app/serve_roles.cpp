@@ -148,6 +148,15 @@ Result<int> decode_kv_blocks(const ServeArgs& a, const LoadedModel& m) {
   return static_cast<int>(fits);
 }
 
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// A worker pings its callers as the frontend pings its workers (ServerKeepalive).
+ServerKeepalive worker_keepalive(const ServeArgs& a) {
+  return {to_ms(a.worker_keepalive_seconds), to_ms(a.worker_keepalive_timeout_seconds)};
+}
+
 }  // namespace
 
 Status add_health(RpcServer& server, const ServeArgs& a) {
@@ -182,7 +191,8 @@ Result<std::unique_ptr<DecodeRole>> start_decode(const ServeArgs& a, const Secur
   r->kv_device = std::make_unique<KvDeviceService>(*r->engine, kc, r->kv_probe.get());
   services.push_back(r->kv_device.get());
 #endif
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services, sec.internal.server));
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, services, sec.internal.server, kMaxInternalMessageBytes,
+                                                     worker_keepalive(a)));
   return r;
 }
 
@@ -214,7 +224,8 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   r->engine->start();
   r->prober = std::make_unique<KvProber>(*r->transport, kv_probe_shape(r->m), pc.kv_chunk_bytes, name, metrics);
   r->service = std::make_unique<PrefillService>(*r->engine, *r->m.model, r->prober.get(), r->transport->name());
-  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server));
+  BATON_ASSIGN_OR_RETURN(r->server, RpcServer::start(listen, {r->service.get()}, sec.internal.server,
+                                                     kMaxInternalMessageBytes, worker_keepalive(a)));
   return r;
 }
 
@@ -241,9 +252,8 @@ Result<std::unique_ptr<FrontendRole>> start_frontend(const ServeArgs& a, const S
   fc.pipeline.progress.slack = a.progress_slack;
   fc.pipeline.progress.min_prefill_tokens_per_second = a.progress_min_prefill_rate;
   fc.max_request = std::chrono::seconds(a.max_request_seconds);
-  const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-  fc.workers.keepalive = ms(a.worker_keepalive_seconds);
-  fc.workers.keepalive_timeout = ms(a.worker_keepalive_timeout_seconds);
+  fc.workers.keepalive = to_ms(a.worker_keepalive_seconds);
+  fc.workers.keepalive_timeout = to_ms(a.worker_keepalive_timeout_seconds);
   fc.scheduler.max_queued_prompt_tokens = a.max_queued_prompt_tokens;
   fc.scheduler.local_prefill_max_tokens = a.local_prefill_max_tokens;
   fc.scheduler.prefill_queue_weight = a.prefill_queue_weight;

@@ -82,13 +82,25 @@ inline constexpr const char* kLivenessService = "liveness";
 // chunk is kept under 4 MiB by the prefill worker).
 constexpr int kMaxInternalMessageBytes = 64 << 20;
 
+// A server's HTTP/2 keepalive (a worker's, from --worker-keepalive-seconds and its timeout; zero:
+// gRPC's default of two hours): the server pings each caller's connection after `time` without a
+// ping, and a caller that does not answer within `timeout` has its connection closed and every
+// call on it cancelled. A worker cut off from its frontend by the network then ends the calls the
+// frontend has given up on, and frees what they hold (a decode worker's sequences and KV blocks),
+// instead of computing them to the end.
+struct ServerKeepalive {
+  std::chrono::milliseconds time{0}, timeout{0};
+};
+
 class RpcServer {
  public:
   // `max_message_bytes` bounds what one received message may hold (gRPC refuses a larger one
   // with RESOURCE_EXHAUSTED before it is parsed).
+  // `keepalive`: see ServerKeepalive.
   static Result<std::unique_ptr<RpcServer>> start(const std::string& listen, const std::vector<grpc::Service*>& services,
                                                   std::shared_ptr<grpc::ServerCredentials> credentials,
-                                                  int max_message_bytes = kMaxInternalMessageBytes) {
+                                                  int max_message_bytes = kMaxInternalMessageBytes,
+                                                  ServerKeepalive keepalive = {}) {
     static const bool plugins = [] {
       grpc::EnableDefaultHealthCheckService(true);
       grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -104,6 +116,10 @@ class RpcServer {
     // or without calls: allow it, rather than answer with GOAWAY "too_many_pings".
     b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
     b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    if (keepalive.time.count() > 0) {
+      b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive.time.count()));
+      b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(keepalive.timeout.count()));
+    }
     for (grpc::Service* svc : services) b.RegisterService(svc);
     s->server_ = b.BuildAndStart();
     if (!s->server_ || s->port_ == 0) return unavailable("cannot listen on '" + listen + "' (in use, or a bad address)");

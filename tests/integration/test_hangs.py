@@ -16,6 +16,7 @@ mid-stream (or mid-prefill), and:
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -177,6 +178,7 @@ def test_prefill_worker_stopped_mid_prefill_costs_no_request(pb, server_factory,
     step = max(prefill_step_seconds(pb, p.address) for p in prefill)
     bound = watchdog_bound(step)
     streams = greedy()
+    mark = front.log_mark()
     time.sleep(0.3)  # into the first prompts' prefill
     prefill[0].proc.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -197,8 +199,10 @@ def test_prefill_worker_stopped_mid_prefill_costs_no_request(pb, server_factory,
         for s in again:
             s.join()
         allowed = bound + time.monotonic() - t0
+        said = [float(m.group(1)) for line in front.log_since(mark) for m in [re.search(r"\(bound ([0-9.]+) s", line)] if m]
         print(f"stopped prefill worker: {len(moved)} of {len(streams)} prompts failed over; fault → first token "
-              f"{', '.join(f'{g:.2f} s' for g in sorted(firsts))}; allowed {allowed:.2f} s")
+              f"{', '.join(f'{g:.2f} s' for g in sorted(firsts))}; allowed {allowed:.2f} s (watchdog {bound:.2f} s; "
+              f"the frontend's bounds {said})")
         assert max(firsts) <= allowed
         # The moved prompts end on the other prefill worker (one that finished before the stop
         # may show the stopped one).
@@ -271,13 +275,29 @@ def test_decode_worker_partitioned_from_the_frontend_costs_no_request(pb, server
         # comes from the host the frontend named (the decode workers check it). Not loopback:
         # plaintext needs --insecure.
         prefill = [worker(server_factory, failover_model, "prefill", "--insecure", listen=f"{ns.here}:0")]
-        decode = [worker(server_factory, failover_model, "decode", "--insecure", listen=f"{ns.there}:0",
-                         wrapper=ns.wrapper()),
+        # The cut-off worker pings its callers every second (its log at info: what its sequences did).
+        decode = [worker(server_factory, failover_model, "decode", "--insecure", "--log-level", "info",
+                         "--worker-keepalive-seconds", "1", "--worker-keepalive-timeout-seconds", "1",
+                         listen=f"{ns.there}:0", wrapper=ns.wrapper()),
                   worker(server_factory, failover_model, "decode", "--insecure", listen=f"{ns.here}:0")]
         front = frontend(server_factory, failover_model, [p.address for p in prefill], [d.address for d in decode],
                          "--insecure")
+        at = {}
+
+        def partition():
+            at["mark"] = decode[0].log_mark()
+            ns.partition()
+
         try:
-            cut = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=5), ns.partition, "partitioned decode worker")
+            cut = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=5), partition, "partitioned decode worker")
+            # Still cut off: the worker's pings went unanswered, so it cancelled the calls the frontend
+            # gave up on itself, and none of its sequences ran on to max_tokens (each had some 280
+            # tokens to go, several seconds' worth; the streams all ended elsewhere by now).
+            log = decode[0].log_since(at["mark"])
+            ended = [line for line in log if " ended: CANCELLED" in line]
+            finished = [line for line in log if " finished: " in line]
+            print(f"cut-off decode worker: {len(ended)} sequences cancelled by its keepalive, {len(finished)} ran on")
+            assert ended and not finished, log[-20:]
         finally:
             ns.heal()
         assert new_work_reaches(pb, front, cut), "the decode worker took no new work after the link healed"
