@@ -156,12 +156,12 @@ Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::stri
   // Llama 3.1's template writes calls as {"name": ..., "parameters": ...} with no tags around them;
   // Mistral's after [TOOL_CALLS].
   ToolCallSyntax syntax = ToolCallSyntax::kTagged;
-  if (source.find("<tool_call>") != std::string_view::npos) {
-    syntax = ToolCallSyntax::kTagged;
-  } else if (source.find("[TOOL_CALLS]") != std::string_view::npos) {
-    syntax = ToolCallSyntax::kMistral;
-  } else if (source.find("\"parameters\": ") != std::string_view::npos) {
-    syntax = ToolCallSyntax::kJson;
+  if (source.find("<tool_call>") == std::string_view::npos) {
+    if (source.find("[TOOL_CALLS]") != std::string_view::npos) {
+      syntax = ToolCallSyntax::kMistral;
+    } else if (source.find("\"parameters\": ") != std::string_view::npos) {
+      syntax = ToolCallSyntax::kJson;
+    }
   }
   ChatTemplate t(std::move(*parsed), std::move(name), std::move(tokens), syntax);
   const ChatMessage probe[] = {{"user", "Hello"}};

@@ -24,6 +24,16 @@ bool accepts(const OutputFormat& f, std::string_view text) {
   return c.complete(c.advance_bytes(c.start(), text));
 }
 
+// Each of `texts` reads back as no call, all of it content.
+void check_stays_text(ToolCallSyntax syntax, std::initializer_list<const char*> texts) {
+  for (const char* text : texts) {
+    INFO(text);
+    auto t = parse_tool_calls(syntax, text);
+    CHECK(t.calls.empty());
+    CHECK(t.content == text);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tagged tool calls are read out of the text, the rest is content", "[tools]") {
@@ -44,11 +54,8 @@ TEST_CASE("tagged tool calls are read out of the text, the rest is content", "[t
     CHECK(only.content_null);
   }
   // Not a call: broken JSON, or no name, stays text.
-  for (const char* text : {"<tool_call>{\"name\": \"now\", \"argu", "<tool_call>{\"arguments\": {}}</tool_call>", "plain"}) {
-    auto t = parse_tool_calls(ToolCallSyntax::kTagged, text);
-    CHECK(t.calls.empty());
-    CHECK(t.content == text);
-  }
+  check_stays_text(ToolCallSyntax::kTagged,
+                   {"<tool_call>{\"name\": \"now\", \"argu", "<tool_call>{\"arguments\": {}}</tool_call>", "plain"});
 }
 
 TEST_CASE("bare JSON tool calls (Llama 3.1) take the whole output", "[tools]") {
@@ -72,12 +79,9 @@ TEST_CASE("Mistral tool calls: [TOOL_CALLS] and a JSON list of calls", "[tools]"
   REQUIRE(around.calls.size() == 1);
   CHECK(around.content == "Checking. ok");
   // Not calls: cut short, an item without a name, broken JSON, no list after the marker.
-  for (const char* text : {"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}", "[TOOL_CALLS] [{\"arguments\": {}}]",
-                           "[TOOL_CALLS] [{\"name\": now}]", "[TOOL_CALLS] sure", "plain [text]"}) {
-    auto t = parse_tool_calls(ToolCallSyntax::kMistral, text);
-    CHECK(t.calls.empty());
-    CHECK(t.content == text);
-  }
+  check_stays_text(ToolCallSyntax::kMistral,
+                   {"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}", "[TOOL_CALLS] [{\"arguments\": {}}]",
+                    "[TOOL_CALLS] [{\"name\": now}]", "[TOOL_CALLS] sure", "plain [text]"});
   const std::string marker = "[TOOL_CALLS]";
   for (size_t n = 1; n < marker.size(); ++n) {
     INFO(n);
