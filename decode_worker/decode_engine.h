@@ -5,12 +5,21 @@
 //
 // A request's life:
 //   admit()                   reserve blocks for n_prompt_tokens + max_tokens  (state kWaitingKv)
+//   admit(fork_of)            n choices of one prompt: share its blocks (DecodeAdmit::n_forks, below)
 //   kv_begin/chunk/end        the prefill worker's KV lands in the reserved blocks
 //   kv_end(first_token)       runnable, next input = the first token  (state kRunning)
 //   engine steps              tokens 2..N, sampled exactly as model/generator.cpp would
 //   finish                    stop id / max_tokens / cancel / deadline / stop(): blocks freed,
 //                             final event delivered when (or once) a sink is attached.
 // attach() may come before or after generation starts: events are buffered until attached.
+//
+// Forks (the n choices of one prompt): a request admitted with n_forks > 0 holds, once its KV is
+// complete (or prefilled here), the blocks of its first n_prompt_tokens - 1 positions in a fork
+// hold for at most DecodeConfig::fork_hold. A fork's admit shares the hold's full blocks (BlockPool::share),
+// reserves the rest of its own, and starts as a one-token prefill of the prompt's last position;
+// its first step first copies the positions of the hold's last partial block into its own (the
+// source goes on writing into that block past the prompt). So n choices of an L-token prompt hold
+// the prompt's full blocks once, and each its own blocks from the last partial one on.
 //
 // Threads: every public method is thread-safe (called from gRPC threads). Sinks are only ever
 // called on the engine thread (or by stop() after that thread has joined), never under the
@@ -129,6 +138,12 @@ class DecodeEngine final : public KvReceiver {
   // Where `admit`'s generation ends (model/stop_rule.h): this engine's stop ids, its limits.
   StopRule stop_rule(const DecodeAdmit& admit) const { return {stop_ids_, admit.ignore_eos, admit.max_tokens}; }
   SeqPtr find_locked(const std::string& request_id) const;
+  // A fork of `r.fork_of`'s prompt (the lock held, `r` validated).
+  Status admit_fork_locked(const DecodeAdmit& r, int64_t* reserved_blocks);
+  // Under mu_: `seq`'s prompt KV (`tokens`) is complete: hold it for the forks it announced.
+  void hold_for_forks_locked(const Sequence& seq, std::vector<int32_t> tokens);
+  // Engine thread, without the lock: a fork's copy of its source's last partial prompt block.
+  void copy_fork_prefix(const Sequence& seq);
   static void deliver(std::vector<Delivery>& deliveries);
 
   Model& model_;
@@ -142,6 +157,16 @@ class DecodeEngine final : public KvReceiver {
   std::map<std::string, SeqPtr> seqs_;  // every live or undelivered request, by id (guarded)
   std::vector<SeqPtr> running_;         // KV complete, generating, in join order (guarded)
   std::vector<SeqPtr> prefilling_;      // prefilled here, in admission order (guarded)
+  // A request's prompt blocks kept for the forks it announced (guarded), by its id.
+  struct ForkHold {
+    std::string owner;            // who admitted it: forks are honoured only from the same peer
+    std::vector<int32_t> tokens;  // its prompt (the KV's token ids)
+    std::vector<int32_t> blocks;  // held: positions [0, tokens.size() - 1)
+    int32_t n_left = 0;           // forks still to come
+    DecodeClock::time_point expires;
+  };
+  std::map<std::string, ForkHold> fork_holds_;
+  void drop_fork_hold_locked(std::map<std::string, ForkHold>::iterator it);
   int n_waiting_ = 0;                   // sequences in kWaitingKv or kPrefilling (guarded)
   bool work_ = false;                   // something changed that the engine thread must look at (guarded)
   DecodeClock::time_point beat_ = DecodeClock::now();  // the loop's last turn (guarded)

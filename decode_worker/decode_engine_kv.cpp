@@ -62,6 +62,7 @@ Status DecodeEngine::kv_begin(const KvTransferHeader& h) {
   seq->kv_begun = true;
   seq->kv_begin_at = DecodeClock::now();
   seq->set_sampler_history(h.token_ids);
+  if (seq->admit.n_forks > 0) seq->kv_tokens = h.token_ids;
   return {};
 }
 
@@ -108,6 +109,7 @@ Status DecodeEngine::kv_end(const std::string& id, int32_t first_token) {
     seq->sampler.observe(first_token);
     seq->state = SeqState::kRunning;
     --n_waiting_;
+    hold_for_forks_locked(*seq, std::move(seq->kv_tokens));
     if (const FinishReason end = stop_rule(seq->admit).after(seq->first_token, seq->n_generated);
         end != FinishReason::kNone) {
       finish_locked(seq, {}, finish_reason_name(end));

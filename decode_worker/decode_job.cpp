@@ -14,6 +14,9 @@ Status validate_decode_config(const DecodeConfig& c) {
                             ")");
   }
   if (c.block_size < 1) return invalid_argument("block_size must be >= 1 (got " + std::to_string(c.block_size) + ")");
+  if (c.fork_hold.count() < 1) {
+    return invalid_argument("fork_hold must be >= 1 ms (got " + std::to_string(c.fork_hold.count()) + ")");
+  }
   if (c.n_blocks < 1) return invalid_argument("n_blocks must be >= 1 (got " + std::to_string(c.n_blocks) + ")");
   return {};
 }
@@ -33,6 +36,15 @@ Status DecodeAdmit::validate_against(const ModelConfig& model) const {
                             " of " + std::to_string(n_prompt_tokens) + ")");
   }
   BATON_RETURN_IF_ERROR(validate_sampling(sampling));
+  if (n_forks < 0 || n_forks > kMaxForks) {
+    return invalid_argument("n_forks must be in [0, " + std::to_string(kMaxForks) + "] (got " +
+                            std::to_string(n_forks) + ")");
+  }
+  if (!fork_of.empty() && (n_forks != 0 || n_output_tokens != 0 || !prefill_tokens.empty())) {
+    return invalid_argument("request " + request_id + " forks " + fork_of +
+                            ": a fork takes that request's prompt KV, so it has no n_forks, n_output_tokens or "
+                            "prefill tokens of its own");
+  }
   if (prefill_tokens.empty()) return {};
   if (static_cast<int64_t>(prefill_tokens.size()) != n_prompt_tokens) {
     return invalid_argument("request " + request_id + " has " + std::to_string(static_cast<int64_t>(prefill_tokens.size())) +

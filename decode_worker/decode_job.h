@@ -31,6 +31,9 @@ struct DecodeConfig {
   // Most prompt tokens one decode step prefills (chunked prefill, as Sarathi-Serve does): bounds how
   // long a step, and so every running sequence's next token, waits for prompts.
   int local_prefill_token_budget = 512;
+  // How long a request's prompt blocks wait for the forks it announced (DecodeAdmit::n_forks) once
+  // its KV is complete; a frontend sends them a round trip after it hears the KV arrived.
+  std::chrono::milliseconds fork_hold{10'000};
   // Structured output: formats compiled against the model's vocabulary;
   // null: requests with a response format are refused.
   std::shared_ptr<OutputConstraints> constraints;
@@ -67,6 +70,15 @@ struct DecodeAdmit {
   // when set, the KV is taken from the peer proving it, wherever it connects from, and from no
   // other (mTLS). Empty: kv_senders decides (plaintext, --insecure).
   std::string kv_sender_certificate;
+  // The n choices of one prompt (OpenAI's n) share its KV here. The first choice's Admit says how
+  // many forks of it will follow (n_forks); once its KV is complete, the blocks of its prompt are
+  // held for them (DecodeConfig::fork_hold at most). A fork's Admit names that request (fork_of) instead of
+  // sending KV or tokens: it takes the prompt's full blocks as they are, copies the positions of
+  // the last partial one before the prompt's last (copy-on-write: the first choice goes on
+  // writing there), computes the prompt's last position itself and samples its own first token.
+  int32_t n_forks = 0;    // in [0, kMaxForks]; with fork_of, 0
+  std::string fork_of;    // a request admitted here with n_forks > 0, by the same owner
+  static constexpr int32_t kMaxForks = 255;
 
   // INVALID_ARGUMENT naming the field when the request does not fit `model` (counts, the context,
   // sampling, the ids to prefill): DecodeEngine::admit's one check of what the model allows.
@@ -87,6 +99,7 @@ struct DecodeOutput {
   bool first_token_included = false;  // local prefill: token_ids[0] is the first token
   double queue_seconds = 0;           // local prefill, first event: admitted → its first chunk's step
   double prefill_seconds = 0;         // local prefill, first event: that step's start → the prompt done
+  int32_t cached_tokens = 0;          // a fork, first event: the prompt positions whose KV it shared
 };
 
 using DecodeSink = std::function<void(const DecodeOutput&)>;

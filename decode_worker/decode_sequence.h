@@ -48,6 +48,12 @@ struct DecodeEngine::Sequence {
   int n_importing = 0;          // kv_import calls in flight (outside the lock) into `table`
   bool free_when_idle = false;  // finished while importing: the last import frees the blocks
   DecodeClock::time_point kv_begin_at, kv_end_at;
+  std::vector<int32_t> kv_tokens;  // with admit.n_forks: the KV's token ids, which its forks prefill after
+
+  // ---- a fork (admit.fork_of) ----
+  int32_t n_forked = 0;   // leading prompt positions whose blocks it shares (or copies) from its source
+  int32_t copy_from = -1; // (engine) the source's block with the positions it copies (held until copied)
+  int32_t n_copy = 0;     // (engine) how many: those of its first own block, before the prompt's last
 
   // ---- local prefill (kPrefilling) ----
   int32_t n_prefilled = 0;                  // (engine) prompt tokens whose KV is in the cache

@@ -26,6 +26,8 @@ DecodeAdmit from_proto(const v1::AdmitRequest& r) {
   a.ignore_eos = r.ignore_eos();
   a.model_fingerprint = r.model_fingerprint();
   a.prefill_tokens.assign(r.prefill_token_ids().begin(), r.prefill_token_ids().end());
+  a.n_forks = r.n_forks();
+  a.fork_of = r.fork_of();
   return a;
 }
 
@@ -49,6 +51,7 @@ v1::DecodeEvent to_proto(const DecodeOutput& o) {
   e.set_first_token_included(o.first_token_included);
   e.set_queue_seconds(o.queue_seconds);
   e.set_prefill_seconds(o.prefill_seconds);
+  e.set_cached_tokens(o.cached_tokens);
   return e;
 }
 

@@ -134,7 +134,17 @@ void RequestPipeline::start() {
   {
     Guard g(*this);
     if (state_ != PipelineState::kNew) return;
-    submit_attempt_locked(g);
+    if (is_follower()) {
+      state_ = PipelineState::kQueued;  // no attempt yet: it waits for the leader's KV
+      std::weak_ptr<RequestPipeline> weak = weak_from_this();
+      g.after([weak, group = req_.group] {
+        group->follow([weak](const std::optional<ChoiceGroup::Source>& source) {
+          if (auto self = weak.lock()) self->on_fork_source(source);
+        });
+      });
+    } else {
+      submit_attempt_locked(g);
+    }
   }
   if (deps_.watch != nullptr) deps_.watch->add(weak_from_this());
 }
@@ -181,6 +191,56 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   });
 }
 
+void RequestPipeline::on_fork_source(const std::optional<ChoiceGroup::Source>& source) {
+  Guard g(*this);
+  if (state_ != PipelineState::kQueued || attempt_.number != -1) return;  // ended while it waited
+  if (!source) {
+    submit_attempt_locked(g);
+    return;
+  }
+  attempt_ = Attempt{};
+  attempt_.number = 0;
+  attempt_.id = random_request_id();
+  attempt_.fork = true;
+  attempt_ids_.push_back(attempt_.id);
+  attempt_.placement.request_id = attempt_.id;
+  attempt_.placement.decode_address = source->decode_address;
+  attempt_.last_progress = deps_.clock->now();
+  add_unique(worker_addresses_, source->decode_address);
+  state_ = PipelineState::kAdmitting;
+  AdmitCall call;
+  call.request_id = attempt_.id;
+  call.n_prompt_tokens = source->n_prompt_tokens;
+  call.max_tokens = req_.max_tokens;
+  call.sampling = req_.sampling;
+  call.ignore_eos = req_.ignore_eos;
+  call.model_fingerprint = req_.model_fingerprint;
+  call.fork_of = source->request_id;
+  mark_prefill_sent_locked();
+  send_admit_locked(call);
+}
+
+void RequestPipeline::publish_locked(Guard& g, std::optional<ChoiceGroup::Source> source) {
+  if (!is_leader() || group_published_) return;
+  group_published_ = true;
+  g.after([group = req_.group, source = std::move(source)] { group->publish(source); });
+}
+
+void RequestPipeline::kv_placed_locked(Guard& g) {
+  if (!is_leader() || group_published_ || attempt_.fork) return;
+  ChoiceGroup::Source source;
+  source.decode_address = attempt_.placement.decode_address;
+  source.request_id = attempt_.id;
+  source.n_prompt_tokens = static_cast<int32_t>(req_.prompt_ids.size());
+  publish_locked(g, std::move(source));
+}
+
+void RequestPipeline::mark_prefill_sent_locked() {
+  if (prefill_sent_marked_) return;
+  prefill_sent_marked_ = true;
+  prefill_sent_ = deps_.clock->now();
+}
+
 void RequestPipeline::on_submitted(int32_t attempt, const std::string& id, const Status& status) {
   Guard g(*this);
   if (!current(attempt)) {
@@ -215,6 +275,9 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   call.ignore_eos = req_.ignore_eos;
   call.model_fingerprint = req_.model_fingerprint;
   call.kv_sender = placement.prefill_address;
+  // A leader's attempt announces its followers' forks until it has told them where (or that
+  // nothing is held): only then are they still to come.
+  if (is_leader() && !group_published_) call.n_forks = req_.group->n_choices() - 1;
   if (!placement.prefill_address.empty()) {
     if (const auto prefill = deps_.registry->find(WorkerRole::kPrefill, placement.prefill_address)) {
       call.kv_sender_certificate = prefill->load.certificate;
@@ -223,8 +286,13 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
   if (placement.prefill_address.empty()) {  // local prefill: the decode worker prefills it itself
     call.prefill_ids = req_.prompt_ids;
     call.prefill_ids.insert(call.prefill_ids.end(), emitted_.begin(), emitted_.end());
-    if (attempt == 0) prefill_sent_ = deps_.clock->now();  // its queue time runs on from the Admit
+    mark_prefill_sent_locked();  // its queue time runs on from the Admit
   }
+  send_admit_locked(call);
+}
+
+void RequestPipeline::send_admit_locked(const AdmitCall& call) {
+  const int32_t attempt = attempt_.number;
   // An Admit answers in milliseconds. The watchdog fails a silent one over after the grace; the
   // call itself cannot be cancelled, so its deadline is bounded too, well past the grace.
   CallDeadline admit_deadline = req_.call_deadline;
@@ -235,8 +303,8 @@ void RequestPipeline::on_placed(int32_t attempt, const Placement& placement) {
                                                       std::chrono::duration<double>(2 * pc.slack * pc.grace_seconds)));
   }
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
-  deps_.client->admit(placement.decode_address, call, admit_deadline,
-                      [weak, attempt, client = deps_.client, addr = placement.decode_address,
+  deps_.client->admit(attempt_.placement.decode_address, call, admit_deadline,
+                      [weak, attempt, client = deps_.client, addr = attempt_.placement.decode_address,
                        id = attempt_.id](const Status& s) {
                         // Admitted for an attempt that is gone: the reservation is nobody's.
                         const auto self = weak.lock();
@@ -256,6 +324,15 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
   Guard g(*this);
   if (!current(attempt)) return false;
   const std::string& addr = attempt_.placement.decode_address;
+  if (!status.ok() && attempt_.fork && !is_worker_fault(status) && status.code() != StatusCode::kDeadlineExceeded &&
+      status.code() != StatusCode::kCancelled) {
+    // The worker holds no such prompt for forks (the leader's hold expired, its forks were taken),
+    // or has no room: this choice is admitted with its own KV instead. Nothing failed.
+    spdlog::info("req={}: the fork was refused ({}); admitting it with its own KV", log_name(), status.to_string());
+    abandon_attempt_locked(g);
+    submit_attempt_locked(g);
+    return true;
+  }
   if (!status.ok()) {
     if (is_worker_fault(status)) {
       report_fault(WorkerRole::kDecode, addr, status);
@@ -278,7 +355,7 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
   }
   attempt_.admitted = true;
   attempt_.last_progress = deps_.clock->now();
-  g.after([s = deps_.scheduler, id = attempt_.id] { s->decode_admitted(id); });
+  if (!attempt_.fork) g.after([s = deps_.scheduler, id = attempt_.id] { s->decode_admitted(id); });
   state_ = PipelineState::kPrefilling;
   open_worker_calls_locked();
   return true;
@@ -304,7 +381,7 @@ void RequestPipeline::open_worker_calls_locked() {
   call.decode_address = attempt_.placement.decode_address;
   // Before the call: the worker may take the request (and start its queue clock) before the call
   // returns here, and the two parts of the queue time must not overlap.
-  if (attempt == 0) prefill_sent_ = deps_.clock->now();
+  mark_prefill_sent_locked();
   attempt_.prefill = deps_.client->prefill(
       attempt_.placement.prefill_address, call, req_.call_deadline,
       [weak, attempt](const PrefillUpdate& u) {
@@ -323,6 +400,7 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
   if (u.kind == PrefillUpdate::Kind::kKvSent) {
     kv_transfer_s_ = u.transfer_seconds;
     kv_sent_reported_ = true;
+    kv_placed_locked(g);
     return;
   }
   if (attempt_.first_token) return;  // a worker that sends two: the first stands
@@ -340,9 +418,11 @@ void RequestPipeline::on_prefill_update(int32_t attempt, const PrefillUpdate& u)
 void RequestPipeline::first_token_locked(Guard& g, int32_t token, const TokenLogprobs* logprobs,
                                          double queue_seconds, double prefill_seconds, int32_t cached_tokens) {
   attempt_.first_token = true;
-  g.after([s = deps_.scheduler, id = attempt_.id, prefill_seconds, cached_tokens] {
-    s->first_token(id, prefill_seconds, cached_tokens);
-  });
+  if (!attempt_.fork) {  // (the scheduler placed no fork: it learns prefill rates from the others)
+    g.after([s = deps_.scheduler, id = attempt_.id, prefill_seconds, cached_tokens] {
+      s->first_token(id, prefill_seconds, cached_tokens);
+    });
+  }
   state_ = PipelineState::kDecoding;
   if (!have_first_token_) {
     have_first_token_ = true;
@@ -390,6 +470,7 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   Guard g(*this);
   if (!current(attempt)) return;
   attempt_.last_progress = deps_.clock->now();
+  kv_placed_locked(g);  // a decode event comes only once the prompt's KV is complete there
   if (u.decode_queue_seconds > 0) decode_queue_s_ = u.decode_queue_seconds;
   // The prefill worker's figure (first token → KV acknowledged) is the hand-off's cost to the
   // request; the decode worker's (first byte → last, which overlaps the prefill when the KV
@@ -406,7 +487,7 @@ void RequestPipeline::on_decode_update(int32_t attempt, const DecodeUpdate& u) {
   if (u.first_token_included && !attempt_.first_token && !tokens.empty()) {
     // Prefilled by the decode worker itself: the stream's first token is the request's.
     first_token_locked(g, tokens.front(), logprobs.empty() ? nullptr : &logprobs.front(), u.queue_seconds,
-                       u.prefill_seconds, /*cached_tokens=*/0);
+                       u.prefill_seconds, u.cached_tokens);
     if (state_ == PipelineState::kEnded) return;
     tokens = tokens.subspan(1);
     if (!logprobs.empty()) logprobs = logprobs.subspan(1);
@@ -573,6 +654,7 @@ void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const
 }
 
 void RequestPipeline::abandon_attempt_locked(Guard& g) {
+  publish_locked(g, std::nullopt);  // a leader whose KV was not placed: its followers go alone
   Attempt& a = attempt_;
   if (a.prefill != nullptr) a.prefill->cancel();
   if (a.decode != nullptr) a.decode->cancel();

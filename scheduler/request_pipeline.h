@@ -23,6 +23,13 @@
 // optimistic: another frontend got there first) sends the request back to the queue as a new
 // attempt, not a failover.
 //
+// The n choices of one prompt (scheduler/choice_group.h): the first (the leader) runs as above and
+// publishes where its prompt KV is held; each other choice (a follower) waits in kQueued for that,
+// not handed to the scheduler, and then admits a fork of the leader's KV on the same decode worker
+// (no prefill worker: its stream brings its first token, as a local prefill's does). A fork the
+// worker refuses, or a leader that publishes nothing, sends the follower to the scheduler as an
+// ordinary request (not a failover); a fork's failure after it was admitted fails over as usual.
+//
 // Other endings: a stop string (the sink says so), an end-of-sequence token, the decode worker's
 // last event, max_tokens reached, cancel() (client gone, deadline), a worker's refusal (INVALID_ARGUMENT,
 // RESOURCE_EXHAUSTED, …: not a fault, no failover), the scheduler failing the queued attempt.
@@ -42,6 +49,7 @@
 #include <vector>
 
 #include "model/sampler.h"
+#include "scheduler/choice_group.h"
 #include "scheduler/clock.h"
 #include "scheduler/progress_watch.h"
 #include "scheduler/scheduler.h"
@@ -69,6 +77,10 @@ struct PipelineRequest {
   TimePoint arrival{};                       // on the scheduler's clock
   std::optional<TimePoint> deadline;         // on the scheduler's clock
   CallDeadline call_deadline = CallDeadline::max();  // the same instant, for worker calls
+  // One of the n choices of a prompt (choice_group.h): choice 0 leads, the others fork its KV.
+  // Null: a request of its own.
+  std::shared_ptr<ChoiceGroup> group;
+  int32_t choice = 0;
 };
 
 struct PipelineConfig {
@@ -150,6 +162,7 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
     bool admitted = false;            // the decode worker holds a reservation under `id`
     WorkerCall* prefill = nullptr;    // open calls (valid until their done runs)
     WorkerCall* decode = nullptr;
+    bool fork = false;                // admitted as a fork of the leader's KV (no prefill worker)
     bool first_token = false;         // this attempt's prefill delivered its token
     std::vector<int32_t> early;       // decode tokens that overtook the first token
     std::vector<TokenLogprobs> early_logprobs;  // theirs, when asked for
@@ -173,6 +186,17 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   void on_prefill_done(int32_t attempt, const Status& status);
   void on_decode_update(int32_t attempt, const DecodeUpdate& update);
   void on_decode_done(int32_t attempt, const Status& status);
+  // A follower: its leader's KV is held at `source` (a fork attempt), or nothing is (an ordinary one).
+  void on_fork_source(const std::optional<ChoiceGroup::Source>& source);
+  bool is_leader() const { return req_.group != nullptr && req_.choice == 0; }
+  bool is_follower() const { return req_.group != nullptr && req_.choice != 0; }
+  // Leader: tells the followers where its prompt KV is (nullopt: nowhere), once.
+  void publish_locked(Guard& g, std::optional<ChoiceGroup::Source> source);
+  // The current attempt's prompt KV is on its decode worker now: a leader publishes it.
+  void kv_placed_locked(Guard& g);
+  void send_admit_locked(const AdmitCall& call);
+  // The queue time's first part ends: the first prefill (or local Admit) is sent.
+  void mark_prefill_sent_locked();
 
   bool current(int32_t attempt) const { return state_ != PipelineState::kEnded && attempt == attempt_.number; }
   // Every token must come with its log-probabilities (a worker that sends none fails over).
@@ -217,6 +241,8 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   double queue_s_ = 0, prefill_s_ = 0, kv_transfer_s_ = 0, decode_queue_s_ = 0;
   int32_t cached_prompt_tokens_ = 0;  // of the attempt whose first token was streamed
   bool kv_sent_reported_ = false;  // the prefill worker's KV-sent report arrived
+  bool prefill_sent_marked_ = false;
+  bool group_published_ = false;  // leader: the followers were told
 };
 
 // 32 hex digits from the operating system's random source (128 bits).

@@ -39,6 +39,11 @@ struct AdmitCall {
   // Non-empty: no prefill worker; the decode worker prefills these n_prompt_tokens tokens itself and
   // its stream starts with the first token (DecodeUpdate::first_token_included).
   std::vector<int32_t> prefill_ids;
+  // The n choices of one prompt (scheduler/choice_group.h): the first announces how many forks of
+  // its KV will follow; a fork names the attempt it forks (no KV, no prefill_ids: the decode worker
+  // shares that prompt's blocks and its stream starts with the fork's first token).
+  int32_t n_forks = 0;
+  std::string fork_of;
 };
 
 struct PrefillCall {
@@ -72,6 +77,7 @@ struct DecodeUpdate {
   bool first_token_included = false;
   double queue_seconds = 0;    // admitted on the decode worker → its prefill starts
   double prefill_seconds = 0;
+  int32_t cached_tokens = 0;  // a fork, first update: prompt positions whose KV it shared
 };
 
 class WorkerCall {

@@ -20,6 +20,8 @@ v1::AdmitRequest to_proto(const AdmitCall& c) {
   r.set_kv_sender(c.kv_sender);
   r.set_kv_sender_certificate(c.kv_sender_certificate);
   r.mutable_prefill_token_ids()->Add(c.prefill_ids.begin(), c.prefill_ids.end());
+  r.set_n_forks(c.n_forks);
+  r.set_fork_of(c.fork_of);
   return r;
 }
 
@@ -69,6 +71,7 @@ DecodeUpdate from_proto(const v1::DecodeEvent& e) {
   u.first_token_included = e.first_token_included();
   u.queue_seconds = e.queue_seconds();
   u.prefill_seconds = e.prefill_seconds();
+  u.cached_tokens = e.cached_tokens();
   return u;
 }
 

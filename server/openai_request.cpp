@@ -350,8 +350,12 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   req.n = n;
   req.label = bases[0].pipeline.label;
   for (const ValidRequest& base : bases) {
+    // The n choices of a prompt prefill it once and share its KV (scheduler/choice_group.h).
+    const auto group = n > 1 ? std::make_shared<ChoiceGroup>(n) : nullptr;
     for (int c = 0; c < n; ++c) {
       ValidRequest v = base;
+      v.pipeline.group = group;
+      v.pipeline.choice = c;
       v.pipeline.sampling.seed = choice_seed(base.pipeline.sampling.seed, c);
       if (bases.size() * n > 1) v.pipeline.label += "-" + std::to_string(req.choices.size());
       req.choices.push_back(std::move(v));

@@ -33,7 +33,8 @@ using LoadedModel = testing::LoadedTestModel;
 struct Fixture {
   // local_prefill_max_tokens / local_prefill_token_budget: DecodeConfig's (0: no local prefill).
   explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr, bool start = true,
-                   int local_prefill_max_tokens = 0, int local_prefill_token_budget = 512) {
+                   int local_prefill_max_tokens = 0, int local_prefill_token_budget = 512,
+                   std::chrono::milliseconds fork_hold = 10s) {
     auto tok = Tokenizer::from_gguf(*ref.file);
     REQUIRE(tok.ok());
     stop_ids = (*tok)->stop_ids();
@@ -45,6 +46,7 @@ struct Fixture {
     cfg.name = "test-decode";
     cfg.local_prefill_max_tokens = local_prefill_max_tokens;
     cfg.local_prefill_token_budget = local_prefill_token_budget;
+    cfg.fork_hold = fork_hold;
     auto e = DecodeEngine::create(*dec.model, stop_ids, cfg, metrics);
     REQUIRE(e.ok());
     engine = std::move(*e);
@@ -148,6 +150,7 @@ struct Collector {
         first_decode_queue_seconds = o.decode_queue_seconds;
         first_token_included = o.first_token_included;
         first_prefill_seconds = o.prefill_seconds;
+        first_cached_tokens = o.cached_tokens;
       } else if (o.first_token_included) {
         first_token_included_later = true;
       }
@@ -183,6 +186,7 @@ struct Collector {
   bool first_token_included = false;        // on the first event
   bool first_token_included_later = false;  // on any other (a bug)
   double first_prefill_seconds = -1;
+  int32_t first_cached_tokens = -1;
 };
 
 inline DecodeAdmit admit_for(const Fixture& fx, const std::string& id, int n_prompt, int max_tokens,

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 
 #include "scheduler/request_pipeline.h"
 #include "tests/unit/scheduler/scheduler_harness.h"
@@ -68,7 +70,17 @@ class FakeWorkers final : public WorkerClient {
     int32_t n_generated = 0;
     bool attached = false;
     bool logprobs = false;  // the sampling asks for log-probabilities
+    int32_t n_forks = 0;    // forks of its prompt it announced (held once its KV is here)
+    bool fork = false;      // a fork of another's prompt: its stream starts with its first token
   };
+  // A prompt held for forks (the real worker's fork hold).
+  struct Hold {
+    std::vector<int32_t> tokens;
+    int32_t n_left = 0;
+  };
+  std::map<std::string, std::map<std::string, Hold>> holds;  // address → source request id → hold
+  int n_prefill_calls = 0;   // Prefill calls made
+  int n_forks_admitted = 0;  // fork Admits that took a hold
 
   // What the fake workers say a token's log-probability is: a function of the token, so that a
   // test can tell each value went with its own token.
@@ -99,6 +111,7 @@ class FakeWorkers final : public WorkerClient {
   WorkerCall* prefill(const std::string& addr, const PrefillCall& c, CallDeadline,
                       std::function<void(const PrefillUpdate&)> on_update, Done done) override {
     auto call = add(Call::Kind::kPrefill, addr, c.request_id);
+    ++n_prefill_calls;
     call->prefill = c;
     call->on_prefill = std::move(on_update);
     call->done = std::move(done);
@@ -166,6 +179,22 @@ class FakeWorkers final : public WorkerClient {
         s.max_tokens = c.admit.max_tokens;
         s.ignore_eos = c.admit.ignore_eos;
         s.logprobs = c.admit.sampling.top_logprobs >= 0 && no_logprobs.count(c.address) == 0;
+        s.n_forks = c.admit.n_forks;
+        if (!c.admit.fork_of.empty()) {  // a fork: the prompt is here already, held for it
+          auto& held = holds[c.address];
+          auto h = held.find(c.admit.fork_of);
+          if (h == held.end()) {
+            finish(failed_precondition("request " + c.admit.fork_of + " holds no prompt for forks here"));
+            return;
+          }
+          REQUIRE(static_cast<int32_t>(h->second.tokens.size()) == c.admit.n_prompt_tokens);
+          REQUIRE(c.admit.prefill_ids.empty());
+          REQUIRE(c.admit.n_forks == 0);
+          s.local = s.fork = s.kv = true;
+          s.tokens = h->second.tokens;
+          if (--h->second.n_left == 0) held.erase(h);
+          ++n_forks_admitted;
+        }
         if (!c.admit.prefill_ids.empty()) {  // local prefill: nothing else will come
           REQUIRE(static_cast<int32_t>(c.admit.prefill_ids.size()) == c.admit.n_prompt_tokens);
           s.local = true;
@@ -197,6 +226,7 @@ class FakeWorkers final : public WorkerClient {
             return;
           }
           Seq& s = w->second.at(c.request_id);
+          if (s.n_forks > 0) holds[d][c.request_id] = Hold{seq, s.n_forks};
           s.tokens = seq;
           s.tokens.push_back(next_token(seq));
           s.n_generated = 1;
@@ -221,6 +251,8 @@ class FakeWorkers final : public WorkerClient {
         Seq& s = it->second;
         DecodeUpdate u;
         if (s.local && s.n_generated == 0) {  // the first token, prefilled here
+          if (s.n_forks > 0) holds[c.address][c.request_id] = Hold{s.tokens, s.n_forks};
+          if (s.fork) u.cached_tokens = static_cast<int32_t>(s.tokens.size()) - 1;
           const int32_t t = next_token(s.tokens);
           s.tokens.push_back(t);
           s.n_generated = 1;
@@ -266,6 +298,7 @@ class FakeWorkers final : public WorkerClient {
   void kill(const std::string& addr) {
     dead.insert(addr);
     decode.erase(addr);  // the process and everything it held are gone
+    holds.erase(addr);
     for (auto& [id, c] : calls) {  // and every connection to it breaks, even if it restarts
       if (c->address == addr && c->kind != Call::Kind::kRelease) c->inject = unavailable("connection reset by peer");
     }
@@ -355,7 +388,8 @@ struct World {
   }
 
   std::shared_ptr<RequestPipeline> start(const std::shared_ptr<RecordingSink>& sink, std::vector<int32_t> prompt,
-                                         int32_t max_tokens, bool ignore_eos = false, std::string label = "") {
+                                         int32_t max_tokens, bool ignore_eos = false, std::string label = "",
+                                         std::shared_ptr<ChoiceGroup> group = nullptr, int32_t choice = 0) {
     PipelineRequest r;
     r.label = std::move(label);
     r.prompt_ids = std::move(prompt);
@@ -364,6 +398,8 @@ struct World {
     r.stop_ids = {kEos};
     r.sampling = sampling;
     r.arrival = h.clock.now();
+    r.group = std::move(group);
+    r.choice = choice;
     auto p = RequestPipeline::create(deps, std::move(r), sink);
     p->start();
     return p;
@@ -382,6 +418,37 @@ struct World {
       workers.step(rng != nullptr ? ready[(*rng)() % ready.size()] : ready.front());
     }
     FAIL("the fake workers did not settle");
+  }
+
+  // Delivers events in `rng`'s order for up to 20,000 steps while killing and reviving workers,
+  // failing calls with one of `errors` and now and then calling `cancel_one` (a client that
+  // cancels), until `all_ended` holds and no call is open; then revives every worker and settles.
+  void run_with_faults(std::mt19937& rng, std::span<const Status> errors, const std::function<void()>& cancel_one,
+                       const std::function<bool()>& all_ended) {
+    for (int step = 0; step < 20000; ++step) {
+      if (step % 7 == 0) poll();
+      const uint32_t dice = rng() % 1000;
+      std::vector<std::string> all = prefill_addrs;
+      all.insert(all.end(), decode_addrs.begin(), decode_addrs.end());
+      if (dice < 6) {
+        workers.kill(all[rng() % all.size()]);
+      } else if (dice < 30 && !workers.dead.empty()) {
+        workers.dead.erase(workers.dead.begin());  // restarted (empty)
+      } else if (dice < 36) {
+        (void)workers.inject(rng, std::nullopt, errors[rng() % errors.size()]);
+      } else if (dice < 38) {
+        cancel_one();
+      }
+      const auto ready = workers.ready();
+      if (ready.empty()) {
+        if (all_ended() && workers.calls.empty()) break;
+        h.clock.advance(std::chrono::milliseconds(50));  // waiting for a worker to come back
+        continue;
+      }
+      workers.step(ready[rng() % ready.size()]);
+    }
+    workers.dead.clear();  // the rest of the calls finish
+    run(&rng);
   }
 
   static SchedulerConfig with_local(SchedulerConfig sc, int32_t local_prefill) {

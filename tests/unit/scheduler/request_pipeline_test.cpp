@@ -230,36 +230,19 @@ TEST_CASE("pipeline: random kills, revivals, errors and cancellations lose, leak
       r.p = w.start(r.sink, prompt, max_tokens, ignore_eos);
       reqs.push_back(std::move(r));
     }
-    for (int step = 0; step < 20000; ++step) {
-      if (step % 7 == 0) w.poll();
-      const uint32_t dice = rng() % 1000;
-      std::vector<std::string> all = w.prefill_addrs;
-      all.insert(all.end(), w.decode_addrs.begin(), w.decode_addrs.end());
-      if (dice < 6) {
-        w.workers.kill(all[rng() % all.size()]);
-      } else if (dice < 30 && !w.workers.dead.empty()) {
-        w.workers.dead.erase(w.workers.dead.begin());  // restarted (empty)
-      } else if (dice < 36) {
-        const Status errs[] = {internal_error("logits not finite"), data_loss("KV checksum"),
-                               unavailable("stream reset")};
-        (void)w.workers.inject(rng, std::nullopt, errs[rng() % 3]);
-      } else if (dice < 38) {
-        Req& r = reqs[rng() % reqs.size()];
-        r.cancelled = true;
-        r.p->cancel(cancelled("the client cancelled the request"));
-      }
-      const auto ready = w.workers.ready();
-      if (ready.empty()) {
-        bool all_ended = true;
-        for (const Req& r : reqs) all_ended = all_ended && r.sink->n_end == 1;
-        if (all_ended && w.workers.calls.empty()) break;
-        w.h.clock.advance(std::chrono::milliseconds(50));  // waiting for a worker to come back
-        continue;
-      }
-      w.workers.step(ready[rng() % ready.size()]);
-    }
-    w.workers.dead.clear();  // the rest of the calls finish
-    w.run(&rng);
+    const Status errs[] = {internal_error("logits not finite"), data_loss("KV checksum"), unavailable("stream reset")};
+    w.run_with_faults(
+        rng, errs,
+        [&] {
+          Req& r = reqs[rng() % reqs.size()];
+          r.cancelled = true;
+          r.p->cancel(cancelled("the client cancelled the request"));
+        },
+        [&] {
+          bool all_ended = true;
+          for (const Req& r : reqs) all_ended = all_ended && r.sink->n_end == 1;
+          return all_ended;
+        });
     int n_ok = 0;
     for (const Req& r : reqs) {
       REQUIRE(r.sink->n_end == 1);
