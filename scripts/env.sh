@@ -10,3 +10,9 @@ case ":$PATH:" in
   *) PATH="$BATON_VENV/bin:$BATON_CACHE/bin:$PATH" ;;
 esac
 export PATH
+# ccache keys on the paths a compile names: with the repository as its base directory those are
+# relative, so a build in another clone (CI's) hits what this one cached; without hashing the
+# working directory, the -g builds (sanitizers) hit too.
+CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+export CCACHE_BASEDIR CCACHE_NOHASHDIR
