@@ -390,6 +390,14 @@ void DecodeEngine::run() {
       }
     }
 
+    // Those still waiting for a slot: a beat now and then (their tokens come when others finish).
+    for (size_t i = batch.size(); i < running_.size(); ++i) {
+      Sequence& s = *running_[i];
+      if (s.sink && step_end - s.last_beat >= config_.slot_wait_beat) {
+        s.last_beat = step_end;
+        s.has_pending = true;
+      }
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
       Sequence& s = *batch[i];
       if (!s.stepped) {
@@ -552,7 +560,7 @@ void DecodeEngine::collect_deliveries_locked(std::vector<Delivery>* out) {
       DecodeOutput o = std::move(s.pending);
       s.pending = {};
       s.has_pending = false;
-      if (!s.timing_sent) {
+      if (!s.timing_sent && (!o.token_ids.empty() || o.done)) {
         s.timing_sent = true;
         o.decode_queue_seconds = s.decode_queue_seconds;
         o.kv_transfer_seconds = s.kv_transfer_seconds;

@@ -17,6 +17,9 @@ Status validate_decode_config(const DecodeConfig& c) {
   if (c.fork_hold.count() < 1) {
     return invalid_argument("fork_hold must be >= 1 ms (got " + std::to_string(c.fork_hold.count()) + ")");
   }
+  if (c.slot_wait_beat.count() < 1) {
+    return invalid_argument("slot_wait_beat must be >= 1 ms (got " + std::to_string(c.slot_wait_beat.count()) + ")");
+  }
   if (c.n_blocks < 1) return invalid_argument("n_blocks must be >= 1 (got " + std::to_string(c.n_blocks) + ")");
   return {};
 }

@@ -34,6 +34,10 @@ struct DecodeConfig {
   // How long a request's prompt blocks wait for the forks it announced (DecodeAdmit::n_forks) once
   // its KV is complete; a frontend sends them a round trip after it hears the KV arrived.
   std::chrono::milliseconds fork_hold{10'000};
+  // How often a sequence that waits for one of max_batch slots gets an empty event (a beat): the
+  // frontend's progress bound (scheduler/progress_watch.h) covers a step, not a wait for another
+  // sequence to finish, and the n choices of one prompt may outnumber the batch.
+  std::chrono::milliseconds slot_wait_beat{500};
   // Structured output: formats compiled against the model's vocabulary;
   // null: requests with a response format are refused.
   std::shared_ptr<OutputConstraints> constraints;
@@ -85,7 +89,9 @@ struct DecodeAdmit {
   Status validate_against(const ModelConfig& model) const;
 };
 
-// One event of a request's stream. token_ids are new tokens (tokens 2..N: the first token reached
+// One event of a request's stream. An event with no tokens, not done, is a beat: the sequence is
+// runnable but waits for one of max_batch slots (DecodeConfig::slot_wait_beat apart), so that the
+// frontend's progress watchdog hears the worker moves. token_ids are new tokens (tokens 2..N: the first token reached
 // the frontend from the prefill worker and is never repeated here), except for a request
 // prefilled here: its first event starts with the first token (first_token_included).
 struct DecodeOutput {

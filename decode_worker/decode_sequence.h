@@ -73,7 +73,8 @@ struct DecodeEngine::Sequence {
   DecodeSink sink;       // set once by attach()
   DecodeOutput pending;  // events not yet handed to the sink, merged
   bool has_pending = false;
-  bool timing_sent = false;  // the timings go on the first delivered event only
+  bool timing_sent = false;  // the timings go on the first delivered event with tokens (or the end)
+  DecodeClock::time_point last_beat;  // (guarded) its last event while it waited for a batch slot
   double decode_queue_seconds = 0;
   double kv_transfer_seconds = 0;
   DecodeClock::time_point finished_at;

@@ -29,10 +29,10 @@
 // attempt keeps waiting for the stuck one rather than fail over onto it again, and moves once
 // another can take work.
 //
-// Not covered: a decode sequence waiting for one of --max-batch slots (more sequences running
-// than the batch holds) waits for another to finish, which no report bounds; with the default
-// placement by free KV blocks that wait is rare, and when it outlasts the bound the request moves
-// to another decode worker with its output intact.
+// A decode sequence waiting for one of --max-batch slots (more sequences running than the batch
+// holds: the n choices of one prompt may be many) waits for another to finish, which no report
+// bounds; the decode worker sends it an empty event every DecodeConfig::slot_wait_beat (0.5 s)
+// meanwhile, which is progress: a worker that steps is not stuck.
 #pragma once
 
 #include <chrono>

@@ -156,6 +156,35 @@ TEST_CASE("continuous batching of concurrent requests changes no token", "[decod
   check_all_free(*fx.engine);
 }
 
+TEST_CASE("a sequence that waits for a batch slot hears beats until its turn, then its tokens and timings",
+          "[decode]") {
+  // One slot: the second request waits while the first generates.
+  Fixture fx(/*n_blocks=*/256, /*max_batch=*/1, nullptr, /*start=*/false, 0, 512, 10s, /*slot_wait_beat=*/1ms);
+  const int n_prompt = 1 + static_cast<int>(rnd() % 30);
+  const auto prompt = random_prompt(n_prompt, fx.vocab());
+  const SamplingParams sp = seeded();
+  const int long_tokens = 200, short_tokens = 2 + static_cast<int>(rnd() % 20);
+  Collector first, second;
+  REQUIRE(fx.engine->admit(admit_for(fx, "first", n_prompt, long_tokens, sp, true)).ok());
+  REQUIRE(fx.engine->admit(admit_for(fx, "second", n_prompt, short_tokens, sp, true)).ok());
+  REQUIRE(fx.engine->attach("first", first.sink()).ok());
+  REQUIRE(fx.engine->attach("second", second.sink()).ok());
+  REQUIRE(send(*fx.engine, prefill(*fx.ref.model, "first", prompt, sp, 9)).ok());
+  REQUIRE(send(*fx.engine, prefill(*fx.ref.model, "second", prompt, sp, 9)).ok());
+  fx.engine->start();
+  REQUIRE(first.wait_done());
+  REQUIRE(second.wait_done());
+  CHECK(first.n_beats == 0);  // it had the slot from the start
+  CHECK(second.n_beats > 0);
+  {
+    std::lock_guard lk(second.mu);
+    CHECK(second.first_decode_queue_seconds > 0);  // the timings went on its first tokens, not on a beat
+  }
+  const GenerateResult want = reference(fx, prompt, short_tokens, sp, true);
+  CHECK(second.tokens == std::vector<int32_t>(want.tokens.begin() + 1, want.tokens.end()));
+  check_all_free(*fx.engine);
+}
+
 TEST_CASE("a stop id as the first token ends the request at once", "[decode]") {
   Fixture fx;
   const auto prompt = random_prompt(10, fx.vocab());

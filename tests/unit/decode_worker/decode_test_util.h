@@ -34,7 +34,7 @@ struct Fixture {
   // local_prefill_max_tokens / local_prefill_token_budget: DecodeConfig's (0: no local prefill).
   explicit Fixture(int n_blocks = 256, int max_batch = 32, Metrics* metrics = nullptr, bool start = true,
                    int local_prefill_max_tokens = 0, int local_prefill_token_budget = 512,
-                   std::chrono::milliseconds fork_hold = 10s) {
+                   std::chrono::milliseconds fork_hold = 10s, std::chrono::milliseconds slot_wait_beat = 500ms) {
     auto tok = Tokenizer::from_gguf(*ref.file);
     REQUIRE(tok.ok());
     stop_ids = (*tok)->stop_ids();
@@ -47,6 +47,7 @@ struct Fixture {
     cfg.local_prefill_max_tokens = local_prefill_max_tokens;
     cfg.local_prefill_token_budget = local_prefill_token_budget;
     cfg.fork_hold = fork_hold;
+    cfg.slot_wait_beat = slot_wait_beat;
     auto e = DecodeEngine::create(*dec.model, stop_ids, cfg, metrics);
     REQUIRE(e.ok());
     engine = std::move(*e);
@@ -145,6 +146,11 @@ struct Collector {
       if (done) event_after_done = true;  // checked by the test thread (Catch2 asserts are not thread-safe)
       tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
       logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      if (o.token_ids.empty() && !o.done) {
+        ++n_beats;  // waiting for a batch slot: no tokens, no timings
+        cv.notify_all();
+        return;
+      }
       if (n_events == 0) {
         first_kv_transfer_seconds = o.kv_transfer_seconds;
         first_decode_queue_seconds = o.decode_queue_seconds;
@@ -176,7 +182,8 @@ struct Collector {
   std::condition_variable cv;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
-  int n_events = 0;
+  int n_events = 0;  // with tokens, or the end
+  int n_beats = 0;   // empty: it waited for a batch slot
   bool done = false;
   bool event_after_done = false;
   Status status;
