@@ -66,7 +66,12 @@ TEST_CASE("pipeline: n choices prefill the prompt once and fork its KV on the le
     World w(2, 3, 2, {}, false, local);
     for (int round = 0; round < 10; ++round) {
       const int n = 2 + static_cast<int>(rng() % 5);
-      const auto prompt = random_prompt(rng, 1 + static_cast<int>(rng() % 20));
+      // A leader whose first token ends it (end-of-sequence) ends before its KV is placed: its
+      // followers then run alone (the next test); here every leader lives on.
+      std::vector<int32_t> prompt;
+      do {
+        prompt = random_prompt(rng, 1 + static_cast<int>(rng() % 20));
+      } while (next_token(prompt) == kEos);
       const int32_t max_tokens = 2 + static_cast<int32_t>(rng() % 30);
       const int prefills_before = w.workers.n_prefill_calls, forks_before = w.workers.n_forks_admitted;
       Group g = start_group(w, rng, prompt, n, max_tokens);
@@ -115,6 +120,22 @@ TEST_CASE("pipeline: a leader that fails before its KV is placed, or a fork refu
     }
     CHECK(w.workers.n_forks_admitted == 0);
     CHECK(w.workers.n_prefill_calls == 4);  // the leader's twice, each follower's once
+    w.check_clean();
+  }
+  SECTION("the leader's first token ends it: nothing is held, every choice runs alone") {
+    World w(2, 2);
+    std::vector<int32_t> prompt;
+    do {
+      prompt = random_prompt(rng, 6);
+    } while (next_token(prompt) != kEos);
+    Group g = start_group(w, rng, prompt, 3, 8);
+    w.run(&rng);
+    for (const auto& s : g.sinks) {
+      REQUIRE(s->n_end == 1);
+      CHECK(s->status.ok());
+      CHECK(s->tokens == std::vector<int32_t>{kEos});
+    }
+    CHECK(w.workers.n_forks_admitted == 0);
     w.check_clean();
   }
   SECTION("the hold is gone when the forks come (the decode worker restarted)") {
