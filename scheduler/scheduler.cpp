@@ -1,5 +1,7 @@
 #include "scheduler/scheduler.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -147,7 +149,7 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
                                 " queued + " + std::to_string(req.n_prompt_tokens) + " > max_queued_prompt_tokens = " +
                                 std::to_string(config_.max_queued_prompt_tokens) + "; retry with backoff");
     }
-    std::optional<double> predicted;
+    std::optional<TtftForecast> predicted;
     std::optional<SloRejection> rejected;
     if (Status s = admit_to_slo_locked(req, decode, prefill, now, &predicted, &rejected); !s.ok()) {
       lock.unlock();
@@ -155,7 +157,7 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
       return s;
     }
     Entry e;
-    e.predicted_ttft = predicted;
+    e.predicted = predicted;
     e.seq = next_seq_++;
     e.queued_at = now;
     e.on_placed = std::move(on_placed);
@@ -221,8 +223,15 @@ void Scheduler::first_token(const std::string& id, double prefill_seconds, int64
     const std::string& where =
         e.placement.prefill_address.empty() ? e.placement.decode_address : e.placement.prefill_address;
     predictor_.observe(where, e.req.n_prompt_tokens - cached_tokens, prefill_seconds);
-    if (e.predicted_ttft) {
-      sample.emplace(*e.predicted_ttft, std::chrono::duration<double>(clock_.now() - e.req.arrival).count());
+    if (e.predicted) {
+      const TtftForecast& f = *e.predicted;
+      const double seen = std::chrono::duration<double>(clock_.now() - e.req.arrival).count();
+      sample.emplace(f.seconds, seen);
+      spdlog::debug("ttft req={}: predicted {:.3f} s (admitted after {:.3f} + decode KV {:.3f} + {} tokens ahead {:.3f} + "
+                    "{} of its own at {:.0f}/s {:.3f}{}), seen {:.3f} s ({} of {} computed in {:.3f} s on {})",
+                    id, f.seconds, f.elapsed, f.decode_wait, f.site.tokens_ahead, f.site.wait_seconds,
+                    f.n_compute, f.site.rate, f.site.compute_seconds, f.local ? ", locally" : "", seen,
+                    e.req.n_prompt_tokens - cached_tokens, e.req.n_prompt_tokens, prefill_seconds, where);
     }
   }
   if (sample && events_.ttft) events_.ttft(sample->first, sample->second);

@@ -216,6 +216,16 @@ class Scheduler {
   int64_t queued_prompt_tokens() const;  // prompt tokens of the queued requests
 
  private:
+  // What admission predicted of a request's TTFT, and of what (the frontend's debug log compares
+  // it with what happened at the first token).
+  struct TtftForecast {
+    double seconds = 0;      // from arrival: elapsed + decode_wait + the site's wait and compute
+    double elapsed = 0;      // arrival → admission
+    double decode_wait = 0;  // for a decode worker's KV blocks
+    TtftPrediction site;     // on the soonest placement
+    bool local = false;      // that placement is a decode worker prefilling itself
+    int64_t n_compute = 0;   // prompt tokens it would compute there (less the expected cache hit)
+  };
   struct Entry {
     PendingRequest req;
     uint64_t seq = 0;  // submission order: the last FCFS tie-break
@@ -225,7 +235,7 @@ class Scheduler {
     bool placed = false;
     Placement placement;               // valid when placed
     bool prefill_outstanding = false;  // placed and prefill_done not yet called
-    std::optional<double> predicted_ttft;  // seconds from arrival, predicted at admission
+    std::optional<TtftForecast> predicted;  // at admission
     int64_t local_tokens = 0;              // prefilled by its decode worker: its prompt, until done
   };
   // One way to prefill a request: on a prefill worker, or locally on its decode worker.
@@ -275,7 +285,7 @@ class Scheduler {
   // With a TTFT target: refuses `req` (a non-OK status) when it is predicted to miss it on every
   // placement; sets *predicted to the best prediction when there is one.
   Status admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
-                             const std::vector<WorkerSnapshot>& prefill, TimePoint now, std::optional<double>* predicted,
+                             const std::vector<WorkerSnapshot>& prefill, TimePoint now, std::optional<TtftForecast>* predicted,
                              std::optional<SloRejection>* rejected);
   // Adaptive: whether prefilling on decode worker `d` saves more TTFT than it costs its batch.
   bool local_worth_it(const WorkerSnapshot& d, const TtftPrediction& local, const TtftPrediction& remote) const;

@@ -100,7 +100,7 @@ double Scheduler::decode_wait_locked(const PendingRequest& req, const std::vecto
 
 Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                                       const std::vector<WorkerSnapshot>& prefill, TimePoint now,
-                                      std::optional<double>* predicted, std::optional<SloRejection>* rejected) {
+                                      std::optional<TtftForecast>* predicted, std::optional<SloRejection>* rejected) {
   // The queued requests that will be placed before this one: same or higher priority, earlier.
   const QueueKey key{req.priority, req.arrival, next_seq_, req.id};
   int64_t prompt_ahead = 0, total_ahead = 0;
@@ -146,7 +146,7 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
   const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
   const double decode_wait = decode_wait_locked(req, decode, total_ahead, now);
   const double ttft = elapsed + decode_wait + best->ttft->seconds();
-  if (std::isfinite(ttft)) *predicted = ttft;
+  if (std::isfinite(ttft)) *predicted = TtftForecast{ttft, elapsed, decode_wait, *best->ttft, best->local, best->n_compute};
   const double slo = slo_of(req);
   if (slo <= 0 || ttft <= slo) return {};
   // The decode side when waiting for its blocks alone misses the target; else the prefill queue.
