@@ -133,20 +133,23 @@ Status DecodeEngine::admit(const DecodeAdmit& admitted, int64_t* reserved_blocks
 Status DecodeEngine::admit_fork_locked(const DecodeAdmit& r, int64_t* reserved_blocks) {
   auto it = fork_holds_.find(r.fork_of);
   if (it == fork_holds_.end()) {
-    return failed_precondition("request " + r.request_id + " forks request " + r.fork_of + ", whose prompt KV decode worker " +
-                               config_.name + " does not hold for forks (not admitted with n_forks, its KV not complete "
+    return failed_precondition("request " + r.request_id + " forks request " + r.fork_of +
+                               ", whose prompt KV decode worker " + config_.name +
+                               " does not hold for forks (not admitted with n_forks, its KV not complete "
                                "yet, every fork it announced taken, or " +
                                n_str(config_.fork_hold.count()) + " ms passed): admit it with its own KV instead");
   }
   ForkHold& hold = it->second;
   if (!hold.owner.empty() && r.owner != hold.owner) {
-    return permission_denied("request " + r.fork_of + " was admitted by another peer; a fork of it is honoured only from "
+    return permission_denied("request " + r.fork_of +
+                             " was admitted by another peer; a fork of it is honoured only from "
                              "the peer that admitted it");
   }
   const int32_t n_prompt = r.n_prompt_tokens;
   if (n_prompt != static_cast<int32_t>(hold.tokens.size())) {
-    return invalid_argument("request " + r.request_id + " forks a prompt of " + n_str(n_prompt) + " tokens but request " +
-                            r.fork_of + "'s has " + n_str(static_cast<int64_t>(hold.tokens.size())));
+    return invalid_argument("request " + r.request_id + " forks a prompt of " + n_str(n_prompt) +
+                            " tokens but request " + r.fork_of + "'s has " +
+                            n_str(static_cast<int64_t>(hold.tokens.size())));
   }
   // Positions [0, n_prompt - 1) come from the hold: its full blocks shared, the rest copied into the
   // fork's first own block; the prompt's last position is computed again, for the fork's own first token.
@@ -158,7 +161,8 @@ Status DecodeEngine::admit_fork_locked(const DecodeAdmit& r, int64_t* reserved_b
   if (!pool_.can_allocate(n_own)) {
     return resource_exhausted("request " + r.request_id + " (a fork of " + r.fork_of + ") needs " + n_str(n_own) +
                               " KV blocks of its own but decode worker " + config_.name + " has " +
-                              n_str(pool_.n_free()) + " of " + n_str(pool_.n_total()) + " free: retry later or elsewhere");
+                              n_str(pool_.n_free()) + " of " + n_str(pool_.n_total()) +
+                              " free: retry later or elsewhere");
   }
   auto seq = std::make_shared<Sequence>(r);
   seq->table.assign(hold.blocks.begin(), hold.blocks.begin() + n_shared);
@@ -177,9 +181,10 @@ Status DecodeEngine::admit_fork_locked(const DecodeAdmit& r, int64_t* reserved_b
   seqs_.emplace(r.request_id, seq);
   prefilling_.push_back(seq);
   ++n_waiting_;
-  spdlog::info("decode req={} admitted as a fork of {}: {} prompt tokens ({} blocks shared, {} positions copied), "
-               "max_tokens {}, {} blocks reserved, {} free",
-               r.request_id, r.fork_of, n_prompt, n_shared, n_copy, r.max_tokens, n_own, pool_.n_free());
+  spdlog::info(
+      "decode req={} admitted as a fork of {}: {} prompt tokens ({} blocks shared, {} positions copied), "
+      "max_tokens {}, {} blocks reserved, {} free",
+      r.request_id, r.fork_of, n_prompt, n_shared, n_copy, r.max_tokens, n_own, pool_.n_free());
   if (--hold.n_left == 0) drop_fork_hold_locked(it);
   update_gauges_locked();
   work_ = true;

@@ -80,8 +80,8 @@ struct DecodeAdmit {
   // sending KV or tokens: it takes the prompt's full blocks as they are, copies the positions of
   // the last partial one before the prompt's last (copy-on-write: the first choice goes on
   // writing there), computes the prompt's last position itself and samples its own first token.
-  int32_t n_forks = 0;    // in [0, kMaxForks]; with fork_of, 0
-  std::string fork_of;    // a request admitted here with n_forks > 0, by the same owner
+  int32_t n_forks = 0;  // in [0, kMaxForks]; with fork_of, 0
+  std::string fork_of;  // a request admitted here with n_forks > 0, by the same owner
   static constexpr int32_t kMaxForks = 255;
 
   // INVALID_ARGUMENT naming the field when the request does not fit `model` (counts, the context,

@@ -51,9 +51,9 @@ struct DecodeEngine::Sequence {
   std::vector<int32_t> kv_tokens;  // with admit.n_forks: the KV's token ids, which its forks prefill after
 
   // ---- a fork (admit.fork_of) ----
-  int32_t n_forked = 0;   // leading prompt positions whose blocks it shares (or copies) from its source
-  int32_t copy_from = -1; // (engine) the source's block with the positions it copies (held until copied)
-  int32_t n_copy = 0;     // (engine) how many: those of its first own block, before the prompt's last
+  int32_t n_forked = 0;    // leading prompt positions whose blocks it shares (or copies) from its source
+  int32_t copy_from = -1;  // (engine) the source's block with the positions it copies (held until copied)
+  int32_t n_copy = 0;      // (engine) how many: those of its first own block, before the prompt's last
 
   // ---- local prefill (kPrefilling) ----
   int32_t n_prefilled = 0;                  // (engine) prompt tokens whose KV is in the cache
@@ -73,7 +73,7 @@ struct DecodeEngine::Sequence {
   DecodeSink sink;       // set once by attach()
   DecodeOutput pending;  // events not yet handed to the sink, merged
   bool has_pending = false;
-  bool timing_sent = false;  // the timings go on the first delivered event with tokens (or the end)
+  bool timing_sent = false;           // the timings go on the first delivered event with tokens (or the end)
   DecodeClock::time_point last_beat;  // (guarded) its last event while it waited for a batch slot
   double decode_queue_seconds = 0;
   double kv_transfer_seconds = 0;

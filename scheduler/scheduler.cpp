@@ -227,11 +227,12 @@ void Scheduler::first_token(const std::string& id, double prefill_seconds, int64
       const TtftForecast& f = *e.predicted;
       const double seen = std::chrono::duration<double>(clock_.now() - e.req.arrival).count();
       sample.emplace(f.seconds, seen);
-      spdlog::debug("ttft req={}: predicted {:.3f} s (admitted after {:.3f} + decode KV {:.3f} + {} tokens ahead {:.3f} + "
-                    "{} of its own at {:.0f}/s {:.3f}{}), seen {:.3f} s ({} of {} computed in {:.3f} s on {})",
-                    id, f.seconds, f.elapsed, f.decode_wait, f.site.tokens_ahead, f.site.wait_seconds,
-                    f.n_compute, f.site.rate, f.site.compute_seconds, f.local ? ", locally" : "", seen,
-                    e.req.n_prompt_tokens - cached_tokens, e.req.n_prompt_tokens, prefill_seconds, where);
+      spdlog::debug(
+          "ttft req={}: predicted {:.3f} s (admitted after {:.3f} + decode KV {:.3f} + {} tokens ahead {:.3f} + "
+          "{} of its own at {:.0f}/s {:.3f}{}), seen {:.3f} s ({} of {} computed in {:.3f} s on {})",
+          id, f.seconds, f.elapsed, f.decode_wait, f.site.tokens_ahead, f.site.wait_seconds, f.n_compute, f.site.rate,
+          f.site.compute_seconds, f.local ? ", locally" : "", seen, e.req.n_prompt_tokens - cached_tokens,
+          e.req.n_prompt_tokens, prefill_seconds, where);
     }
   }
   if (sample && events_.ttft) events_.ttft(sample->first, sample->second);

@@ -285,8 +285,8 @@ class Scheduler {
   // With a TTFT target: refuses `req` (a non-OK status) when it is predicted to miss it on every
   // placement; sets *predicted to the best prediction when there is one.
   Status admit_to_slo_locked(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
-                             const std::vector<WorkerSnapshot>& prefill, TimePoint now, std::optional<TtftForecast>* predicted,
-                             std::optional<SloRejection>* rejected);
+                             const std::vector<WorkerSnapshot>& prefill, TimePoint now,
+                             std::optional<TtftForecast>* predicted, std::optional<SloRejection>* rejected);
   // Adaptive: whether prefilling on decode worker `d` saves more TTFT than it costs its batch.
   bool local_worth_it(const WorkerSnapshot& d, const TtftPrediction& local, const TtftPrediction& remote) const;
   // Whether a worker holding `site`'s predicted wait may be handed one more prompt now.

@@ -146,7 +146,9 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
   const double elapsed = std::chrono::duration<double>(now - req.arrival).count();
   const double decode_wait = decode_wait_locked(req, decode, total_ahead, now);
   const double ttft = elapsed + decode_wait + best->ttft->seconds();
-  if (std::isfinite(ttft)) *predicted = TtftForecast{ttft, elapsed, decode_wait, *best->ttft, best->local, best->n_compute};
+  if (std::isfinite(ttft)) {
+    *predicted = TtftForecast{ttft, elapsed, decode_wait, *best->ttft, best->local, best->n_compute};
+  }
   const double slo = slo_of(req);
   if (slo <= 0 || ttft <= slo) return {};
   // The decode side when waiting for its blocks alone misses the target; else the prefill queue.

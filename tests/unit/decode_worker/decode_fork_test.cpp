@@ -16,7 +16,9 @@ namespace {
 
 constexpr int kBlock = 8;  // the fixture's block size
 
-int blocks_for(int64_t n) { return static_cast<int>((n + kBlock - 1) / kBlock); }
+int blocks_for(int64_t n) {
+  return static_cast<int>((n + kBlock - 1) / kBlock);
+}
 
 DecodeAdmit fork_admit(const Fixture& fx, const std::string& id, const std::string& of, int n_prompt, int max_tokens,
                        const SamplingParams& sp) {
@@ -40,7 +42,8 @@ TEST_CASE("forked choices equal single-process generations and hold the prompt's
     for (int c = 0; c < n_choices; ++c) sp.push_back(c == 0 && rnd() % 2 == 0 ? SamplingParams{} : seeded());
     INFO("prompt " << n_prompt << " choices " << n_choices << " max_tokens " << max_tokens);
 
-    REQUIRE(fx.engine->admit([&] {
+    REQUIRE(fx.engine
+                ->admit([&] {
                   DecodeAdmit a = admit_for(fx, "lead", n_prompt, max_tokens, sp[0], true);
                   a.n_forks = n_choices - 1;
                   return a;

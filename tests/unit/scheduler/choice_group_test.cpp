@@ -2,11 +2,12 @@
 // fake workers of pipeline_world.h: the prompt is prefilled once, the other choices fork its KV on
 // the leader's decode worker, and every way the leader or a fork can fail still streams each
 // choice's whole output once and leaves nothing behind.
+#include "scheduler/choice_group.h"
+
 #include <catch2/catch.hpp>
 #include <memory>
 #include <random>
 
-#include "scheduler/choice_group.h"
 #include "scheduler/request_pipeline.h"
 #include "tests/unit/scheduler/pipeline_world.h"
 
@@ -170,8 +171,8 @@ TEST_CASE("pipeline: random kills, errors and cancellations across choice groups
     std::vector<bool> cancelled_group;
     for (int i = 0; i < 4; ++i) {
       const auto prompt = random_prompt(rng, 1 + static_cast<int>(rng() % 12));
-      groups.push_back(start_group(w, rng, prompt, 2 + static_cast<int>(rng() % 4), 1 + static_cast<int32_t>(rng() % 30),
-                                   rng() % 3 == 0));
+      groups.push_back(start_group(w, rng, prompt, 2 + static_cast<int>(rng() % 4),
+                                   1 + static_cast<int32_t>(rng() % 30), rng() % 3 == 0));
       cancelled_group.push_back(false);
     }
     // A refused fork (FAILED_PRECONDITION at its Admit) runs the choice on alone; elsewhere the

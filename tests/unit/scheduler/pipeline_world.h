@@ -79,8 +79,8 @@ class FakeWorkers final : public WorkerClient {
     int32_t n_left = 0;
   };
   std::map<std::string, std::map<std::string, Hold>> holds;  // address → source request id → hold
-  int n_prefill_calls = 0;   // Prefill calls made
-  int n_forks_admitted = 0;  // fork Admits that took a hold
+  int n_prefill_calls = 0;                                   // Prefill calls made
+  int n_forks_admitted = 0;                                  // fork Admits that took a hold
 
   // What the fake workers say a token's log-probability is: a function of the token, so that a
   // test can tell each value went with its own token.
