@@ -144,6 +144,8 @@ class DecodeEngine final : public KvReceiver {
   void hold_for_forks_locked(const Sequence& seq, std::vector<int32_t> tokens);
   // Engine thread, without the lock: a fork's copy of its source's last partial prompt block.
   void copy_fork_prefix(const Sequence& seq);
+  // Under mu_: gives back a fork's hold on the block it copies from (once copied, or never).
+  void release_fork_copy_locked(Sequence& seq);
   static void deliver(std::vector<Delivery>& deliveries);
 
   Model& model_;
