@@ -9,8 +9,9 @@ namespace {
 const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 const prometheus::Histogram::BucketBoundaries kTokenBuckets = {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-// Relative errors: 5 % to 10×.
-const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2, 5, 10};
+// Relative errors: 2 % to 10×, finest around the 25 % a TTFT prediction should keep within.
+const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.02, 0.05, 0.1,  0.15, 0.2, 0.25, 0.3,
+                                                               0.4,  0.5,  0.75, 1,    2,   5,    10};
 
 template <typename T>
 prometheus::Family<T>& family(prometheus::Registry& r, const std::string& name, const std::string& help) {

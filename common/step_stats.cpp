@@ -1,5 +1,6 @@
 #include "common/step_stats.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace baton {
@@ -19,7 +20,30 @@ void StepStats::add_step(Clock::time_point end, double seconds, int64_t prompt_t
     const bool first = avg_seconds_ == 0;
     avg_tokens_ = first ? static_cast<double>(prompt_tokens) : (1 - kWeight) * avg_tokens_ + kWeight * prompt_tokens;
     avg_seconds_ = first ? seconds : (1 - kWeight) * avg_seconds_ + kWeight * seconds;
+    const double keep = 1 - 1.0 / kFitSteps;
+    const auto x = static_cast<double>(prompt_tokens);
+    w_ = keep * w_ + 1;
+    wx_ = keep * wx_ + x;
+    wy_ = keep * wy_ + seconds;
+    wxx_ = keep * wxx_ + x * x;
+    wxy_ = keep * wxy_ + x * seconds;
+    refit();
   }
+}
+
+void StepStats::refit() {
+  const double mx = wx_ / w_, my = wy_ / w_;
+  const double var = wxx_ / w_ - mx * mx;
+  const double cov = wxy_ / w_ - mx * my;
+  // Sizes that vary by at least a tenth of their mean, and time that grows with them, separate
+  // the fixed part from the per-token part.
+  if (var > 0.01 * mx * mx && cov > 0) {
+    const double per_token = cov / var;
+    const double fixed = my - per_token * mx;
+    fixed_share_ = fixed > 0 ? std::min(fixed / my, 1.0) : 0;
+  }
+  fit_.fixed_seconds = fixed_share_ * my;
+  fit_.seconds_per_token = (1 - fixed_share_) * my / mx;
 }
 
 double StepStats::slowest_step_seconds(Clock::time_point now) const {

@@ -21,13 +21,30 @@ class StepStats {
   // Prompt tokens per second over recent prompt-computing steps (an exponential average of
   // tokens over one of seconds, so that short steps do not dominate). 0 before the first.
   double prompt_tokens_per_second() const;
+  // A prompt step's time as fixed + per token × its prompt tokens, fitted by least squares over
+  // recent prompt steps (exponentially weighted, about kFitSteps of them). Meaningful where every
+  // step computes prompt tokens only (a prefill worker's). While the recent steps are too alike in
+  // size to separate the two (every step full, say), the fixed share of a step is kept from the
+  // last fit that could, at today's mean; before any could, a step is taken as all per-token.
+  // {0, 0} before the first prompt step.
+  struct Fit {
+    double fixed_seconds = 0;
+    double seconds_per_token = 0;
+  };
+  Fit step_time_fit() const { return fit_; }
 
   static constexpr std::chrono::seconds kHalfLife{10};
+  static constexpr int kFitSteps = 20;
 
  private:
   double slowest_ = 0;
   Clock::time_point slowest_at_{};
   double avg_tokens_ = 0, avg_seconds_ = 0;
+  // The fit's weighted sums over prompt steps (x: tokens, y: seconds), and the fit itself.
+  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;
+  double fixed_share_ = 0;  // of a mean step, from the last fit that could separate it
+  Fit fit_;
+  void refit();
 };
 
 }  // namespace baton

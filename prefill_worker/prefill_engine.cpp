@@ -188,6 +188,12 @@ PrefillLoad PrefillEngine::load() const {
   l.total_blocks = blocks_.n_total();
   l.step_seconds = step_stats_.slowest_step_seconds(Clock::now());
   l.prefill_tokens_per_second = step_stats_.prompt_tokens_per_second();
+  l.token_budget = config_.token_budget;
+  const StepStats::Fit fit = step_stats_.step_time_fit();
+  l.step_fixed_seconds = fit.fixed_seconds;
+  l.step_seconds_per_token = fit.seconds_per_token;
+  l.step_tokens_in_progress = step_tokens_;
+  if (step_tokens_ > 0) l.step_elapsed_seconds = seconds_between(step_started_, Clock::now());
   l.prefix_cache_blocks = blocks_.max_cached();
   l.n_cached_blocks = blocks_.n_cached();
   l.prefix_hash_seed = hash_seed_;
@@ -302,6 +308,8 @@ std::vector<PrefillEngine::Slice> PrefillEngine::plan_step_locked(std::vector<st
     if (config_.stream_kv) hand_to_sender_locked(job);  // its chunks go as the steps write them
     add_slice(job, job->n_cached, std::min(job->n_tokens() - job->n_cached, budget));
   }
+  step_tokens_ = config_.token_budget - budget;
+  step_started_ = now;
   update_gauges_locked();
   return slices;
 }
@@ -354,6 +362,7 @@ void PrefillEngine::run_step(std::vector<Slice> slices) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_stats_.add_step(done, seconds_between(step_start, done), batch_.n_tokens());
+    step_tokens_ = 0;
     for (const Slice& s : slices) {
       s.job->n_done += s.n;
       // Its blocks the forward completed are shareable from the next step on.

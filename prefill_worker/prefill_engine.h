@@ -142,6 +142,8 @@ class PrefillEngine {
   bool stopping_ = false;                                       // guarded by mu_
   Clock::time_point beat_ = Clock::now();                       // the loop's last turn; guarded by mu_
   StepStats step_stats_;                                        // guarded by mu_
+  int64_t step_tokens_ = 0;                                     // of the step running now (0: none); guarded by mu_
+  Clock::time_point step_started_{};                            // when it was planned; guarded by mu_
   bool in_wait_ = false;                                        // the loop waits for work; guarded by mu_
 
   std::atomic<int64_t> n_steps_{0};

@@ -90,6 +90,13 @@ struct PrefillLoad {
   int total_blocks = 0;
   double step_seconds = 0;               // the slowest recent step (common/step_stats.h)
   double prefill_tokens_per_second = 0;  // prompt tokens its steps computed per second (0: none yet)
+  // Its step schedule (the frontend predicts TTFT by it): the budget, a step's fitted time
+  // (StepStats::Fit), and the step running now (its tokens, 0 when none, and how long it has run).
+  int token_budget = 0;
+  double step_fixed_seconds = 0;
+  double step_seconds_per_token = 0;
+  int64_t step_tokens_in_progress = 0;
+  double step_elapsed_seconds = 0;
   // The prefix cache: its bound (0: none), blocks in it, its hash chain's root
   // (kv/prefix_hash.h), and the hashes of up to prefix_report_blocks cached blocks, in use first,
   // then most recently used first.

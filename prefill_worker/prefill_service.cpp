@@ -153,6 +153,11 @@ grpc::ServerUnaryReactor* PrefillService::GetLoad(grpc::CallbackServerContext* c
   response->set_draining(draining_);
   response->set_step_seconds(load.step_seconds);
   response->set_prefill_tokens_per_second(load.prefill_tokens_per_second);
+  response->set_step_token_budget(load.token_budget);
+  response->set_step_fixed_seconds(load.step_fixed_seconds);
+  response->set_step_seconds_per_token(load.step_seconds_per_token);
+  response->set_step_tokens_in_progress(load.step_tokens_in_progress);
+  response->set_step_elapsed_seconds(load.step_elapsed_seconds);
   response->set_prefix_cache_blocks(load.prefix_cache_blocks);
   response->set_cached_blocks(load.n_cached_blocks);
   response->set_prefix_hash_seed(load.prefix_hash_seed);

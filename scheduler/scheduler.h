@@ -269,6 +269,8 @@ class Scheduler {
                             bool or_unreported) const;
   // The blocks released on `decode_address` in the last kReleaseWindow before `now` (older ones dropped).
   std::deque<std::pair<TimePoint, int64_t>>& released_log_locked(const std::string& decode_address, TimePoint now);
+  // The prompt tokens sent to prefill worker `address` in the last kReleaseWindow before `now`, per second.
+  double sent_rate_locked(const std::string& address, TimePoint now) const;
   // The TTFT target that applies to `req` (0: none).
   double slo_of(const PendingRequest& req) const;
   // The rate a worker not measured yet is predicted at: the fastest measured one's for prompts
@@ -322,6 +324,9 @@ class Scheduler {
   // Decode blocks released here (finished requests), by worker: (when, blocks) of the last
   // kReleaseWindow, for the decode side's wait.
   std::unordered_map<std::string, std::deque<std::pair<TimePoint, int64_t>>> released_;
+  // Prompt tokens sent to each prefill worker: (when, tokens) of the last kReleaseWindow, for the
+  // prediction of the steps they join (TtftPredictor::Ahead::arriving_tokens_per_second).
+  std::unordered_map<std::string, std::deque<std::pair<TimePoint, int64_t>>> sent_;
   static constexpr std::chrono::seconds kReleaseWindow{10};
 };
 

@@ -35,6 +35,16 @@ std::deque<std::pair<TimePoint, int64_t>>& Scheduler::released_log_locked(const 
   return log;
 }
 
+double Scheduler::sent_rate_locked(const std::string& address, TimePoint now) const {
+  const auto it = sent_.find(address);
+  if (it == sent_.end()) return 0;
+  int64_t tokens = 0;
+  for (const auto& [when, n] : it->second) {
+    if (now - when <= kReleaseWindow) tokens += n;
+  }
+  return static_cast<double>(tokens) / std::chrono::duration<double>(kReleaseWindow).count();
+}
+
 double Scheduler::slo_of(const PendingRequest& req) const {
   const double server = config_.ttft_slo_seconds;
   const double own = req.ttft_slo_seconds;
@@ -74,6 +84,7 @@ Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const W
     if (!hashes.empty()) site.prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
     ahead.reported = w.load.queued_prompt_tokens;
     ahead.other += w.unreported_prompt_tokens;
+    ahead.arriving_tokens_per_second = sent_rate_locked(w.address, clock_.now());
   }
   site.ttft = predictor_.predict(w, site.n_compute, ahead, prior);
   return site;

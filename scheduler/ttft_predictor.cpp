@@ -50,8 +50,57 @@ double TtftPredictor::rate(const WorkerSnapshot& w, int64_t n) const {
   return rate_locked(w, n);
 }
 
+bool TtftPredictor::has_schedule(const WorkerSnapshot& w) {
+  return w.load.step_token_budget > 0 && w.load.step_seconds_per_token > 0;
+}
+
+TtftPrediction TtftPredictor::by_schedule(const WorkerLoad& load, int64_t n_compute, Ahead ahead) {
+  const int64_t budget = load.step_token_budget;
+  const auto step_time = [&load](int64_t tokens) {
+    return load.step_fixed_seconds + load.step_seconds_per_token * static_cast<double>(tokens);
+  };
+  const double full = step_time(budget);
+  const double age = std::max(0.0, ahead.report_age_seconds);
+  const int64_t reported = std::max<int64_t>(ahead.reported, 0);
+  // From the report on (time 0): the step running then is free at `free`; the stream behind it.
+  const int64_t in_step = std::clamp<int64_t>(load.step_tokens_in_progress, 0, reported);
+  double free = in_step > 0 ? std::max(0.0, step_time(in_step) - load.step_elapsed_seconds) : 0;
+  int64_t stream = reported - in_step + std::max<int64_t>(ahead.other, 0);
+  // The steps started by now: full ones while the stream holds a budget's worth, then its rest.
+  if (stream > 0 && free <= age) {
+    const double started = std::floor((age - free) / full) + 1;
+    const int64_t n_full = static_cast<int64_t>(std::min(static_cast<double>(stream / budget), started));
+    free += static_cast<double>(n_full) * full;
+    stream -= n_full * budget;
+    if (stream > 0 && stream < budget && free <= age) {
+      free += step_time(stream);
+      stream = 0;
+    }
+  }
+  // From now on: the next step starts when the one running now ends (now, when none does); the
+  // prompt's tokens follow the stream's.
+  const double start = std::max(free - age, 0.0);
+  const int64_t own = std::max<int64_t>(n_compute, 1);
+  const int64_t first_step = stream / budget;             // steps before the one with its first token
+  const int64_t last_step = (stream + own - 1) / budget;  // and before the one with its last
+  // Its last step holds the rest of its tokens, and what is sent before that step starts.
+  const double last_start = start + static_cast<double>(last_step) * full;
+  const double joining = std::max(0.0, ahead.arriving_tokens_per_second) * last_start;
+  const int64_t in_last = stream + own - last_step * budget;
+  const auto filled =
+      static_cast<int64_t>(std::min(static_cast<double>(budget), static_cast<double>(in_last) + joining));
+  TtftPrediction p;
+  p.tokens_ahead = stream;
+  p.wait_seconds = start + static_cast<double>(first_step) * full;
+  const double end = last_start + step_time(filled);
+  p.compute_seconds = end - p.wait_seconds;
+  p.rate = static_cast<double>(own) / p.compute_seconds;
+  return p;
+}
+
 std::optional<TtftPrediction> TtftPredictor::predict(const WorkerSnapshot& w, int64_t n_compute, Ahead ahead,
                                                      double prior_rate) const {
+  if (has_schedule(w)) return by_schedule(w.load, n_compute, ahead);
   std::lock_guard lock(mu_);
   double own = rate_locked(w, std::max<int64_t>(n_compute, 1));
   double queue = queue_rate_locked(w);

@@ -3,11 +3,27 @@
 // prefill time, by worker and prompt length). The scheduler asks it at admission (--ttft-slo)
 // and at placement (where to prefill), and feeds it every first token.
 //
-// Via a prefill worker P, for a prompt of n tokens of which c should be in P's prefix cache:
-//   wait    = (P's reported queue less what it computed since the report, + tokens sent to it
-//              since, + tokens queued ahead at the frontend) / throughput(P)
-//   compute = (n − c) / rate(P, n)
-// Locally on decode worker D: the same with D's local prefill queue and rate.
+// For a prompt of n tokens of which c should be in the worker's prefix cache, with the work ahead
+// of it there = the worker's reported queue, + tokens sent to it since the report, + tokens
+// queued ahead at the frontend:
+//
+// By the step schedule, where the worker reports one (a prefill worker: WorkerLoad's step_*).
+// Its steps take the queue FIFO, up to the budget B each, and a step of k tokens takes
+// fixed + per_token × k. So the queue is a stream of tokens cut into steps of B: the step running
+// at the report ends first; the steps after it start back to back; by now (the report's age) some
+// have run; the step running now is not joined; the new prompt's n − c tokens go at the end of the
+// stream, and its first token comes at the end of the step holding its last token. Prompts that
+// arrive while a step runs thus share the next step, as the worker packs them: the
+// per-prompt model below, which drains the queue prompt after prompt, over-predicts them (by up
+// to 2× at 1 req/s of 256-token prompts in a 512-token budget: bench/RESULTS.md). Prompts sent
+// after this one, before its last step starts, fill that step too (up to the budget), which makes
+// it longer: at the rate prompt tokens were sent to the worker lately.
+//   wait    = until the step holding its first token starts
+//   compute = from then to the end of the step holding its last
+//
+// Otherwise per prompt (a decode worker prefilling locally, or a worker that reports no schedule):
+//   wait    = (the work ahead, less what it computed since the report) / throughput(W)
+//   compute = (n − c) / rate(W, n)
 //   rate(W, n)   the EWMA of (computed tokens / prefill seconds) of W's recent prompts in n's
 //                length bucket (powers of two: attention makes long prompts slower per token),
 //                else of its nearest measured bucket, else W's reported prefill_tokens_per_second,
@@ -52,6 +68,9 @@ class TtftPredictor {
     int64_t reported = 0;  // tokens its last load report said it had (drained since, at its throughput)
     int64_t other = 0;     // tokens sent since, and those queued ahead at the frontend
     double report_age_seconds = 0;  // how old that report is
+    // Prompt tokens sent to the worker per second lately (by schedule only): those sent before the
+    // step holding the prompt's last token starts join that step, up to its budget.
+    double arriving_tokens_per_second = 0;
   };
   // nullopt when `w`'s rate is not known yet. `n_compute` tokens of its own to prefill (the
   // prompt less its expected prefix-cache hit). `prior_rate` (tokens/s, 0: none) stands in for a
@@ -63,6 +82,8 @@ class TtftPredictor {
   void observe(const std::string& address, int64_t n_computed, double seconds);
   // The measured or reported prefill rate of `w` for prompts of n tokens (0: unknown).
   double rate(const WorkerSnapshot& w, int64_t n) const;
+  // Whether `w` reports a step schedule the prediction can follow.
+  static bool has_schedule(const WorkerSnapshot& w);
 
  private:
   struct Rates {
@@ -72,6 +93,7 @@ class TtftPredictor {
   static int bucket_of(int64_t n);
   double rate_locked(const WorkerSnapshot& w, int64_t n) const;
   double queue_rate_locked(const WorkerSnapshot& w) const;
+  static TtftPrediction by_schedule(const WorkerLoad& load, int64_t n_compute, Ahead ahead);
 
   mutable std::mutex mu_;
   std::map<std::string, Rates> rates_;  // guarded by mu_; by worker address

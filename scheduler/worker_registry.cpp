@@ -26,6 +26,12 @@ Status validate_load(WorkerRole role, const std::string& address, const WorkerLo
   if (!(l.prefill_tokens_per_second >= 0 && l.prefill_tokens_per_second < 1e12)) {
     return bad("prefill rate negative, huge or not a number");
   }
+  if (l.step_token_budget < 0 || l.step_tokens_in_progress < 0) return bad("negative step tokens");
+  if (!(l.step_fixed_seconds >= 0 && l.step_fixed_seconds < 1e6) ||
+      !(l.step_seconds_per_token >= 0 && l.step_seconds_per_token < 1e6) ||
+      !(l.step_elapsed_seconds >= 0 && l.step_elapsed_seconds < 1e9)) {
+    return bad("step time fit or elapsed time negative, huge or not a number");
+  }
   if (role == WorkerRole::kDecode && l.block_size <= 0) return bad("decode block_size <= 0");
   return {};
 }

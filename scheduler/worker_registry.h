@@ -62,6 +62,15 @@ struct WorkerLoad {
   // queued_prompt_tokens of a decode worker: those it prefills itself.
   double step_seconds = 0;
   double prefill_tokens_per_second = 0;
+  // prefill: its step schedule (LoadReport; TtftPredictor predicts by it): the most prompt tokens
+  // a step takes (0: not reported), a step's time as fixed + per token × its tokens (0, 0: not
+  // fitted yet), and the step running when it reported (its tokens, 0 when none, which
+  // queued_prompt_tokens include, and how long it had run).
+  int32_t step_token_budget = 0;
+  double step_fixed_seconds = 0;
+  double step_seconds_per_token = 0;
+  int64_t step_tokens_in_progress = 0;
+  double step_elapsed_seconds = 0;
   // What its TLS certificate proved when the report was fetched ("" without mTLS): a prefill
   // worker's is what decode workers take its KV by.
   std::string certificate;

@@ -169,6 +169,11 @@ void WorkerPool::poll_role(WorkerRole role) {
     load.local_prefill_max_tokens = rep.local_prefill_max_tokens();
     load.step_seconds = rep.step_seconds();
     load.prefill_tokens_per_second = rep.prefill_tokens_per_second();
+    load.step_token_budget = rep.step_token_budget();
+    load.step_fixed_seconds = rep.step_fixed_seconds();
+    load.step_seconds_per_token = rep.step_seconds_per_token();
+    load.step_tokens_in_progress = rep.step_tokens_in_progress();
+    load.step_elapsed_seconds = rep.step_elapsed_seconds();
     load.certificate = peer_certificate(ctx);
     load.prefix_cache_blocks = rep.prefix_cache_blocks();
     load.prefix_hash_seed = rep.prefix_hash_seed();

@@ -136,6 +136,12 @@ TEST_CASE("prefill service: a prompt longer than a step reports each chunk befor
   REQUIRE(fx.stub->GetLoad(&ctx, baton::v1::LoadRequest(), &load).ok());
   CHECK(load.step_seconds() > 0);
   CHECK(load.prefill_tokens_per_second() > 0);
+  // Its step schedule: the budget, a fitted step time, and no step running once idle.
+  CHECK(load.step_token_budget() == 32);
+  CHECK(load.step_seconds_per_token() > 0);
+  CHECK(load.step_fixed_seconds() >= 0);
+  CHECK(load.step_tokens_in_progress() == 0);
+  CHECK(load.step_elapsed_seconds() == 0);
 }
 
 TEST_CASE("prefill service: a repeated prompt's first token counts its cached tokens, GetLoad names the blocks",

@@ -1,6 +1,7 @@
 #include "scheduler/worker_registry.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 
 using namespace baton;
 using namespace std::chrono_literals;
@@ -113,6 +114,28 @@ TEST_CASE("malformed load reports are refused and change nothing", "[scheduler]"
   CHECK(r.report_load(kDecode, "d:1", decode_load(-1, 100), clock.now()).code() == StatusCode::kInvalidArgument);
   CHECK(r.report_load(kDecode, "d:1", decode_load(10, 100, 0), clock.now()).code() == StatusCode::kInvalidArgument);
   CHECK(r.report_load(kPrefill, "p:1", prefill_load(-5), clock.now()).code() == StatusCode::kInvalidArgument);
+  // A step schedule with negative tokens, or a fit that is negative, infinite or not a number.
+  const auto with_schedule = [](auto set) {
+    WorkerLoad l = prefill_load(5);
+    l.step_token_budget = 512;
+    l.step_fixed_seconds = 0.5;
+    l.step_seconds_per_token = 0.002;
+    set(l);
+    return l;
+  };
+  CHECK(r.report_load(kPrefill, "p:1", with_schedule([](WorkerLoad& l) { l.step_token_budget = -1; }), clock.now())
+            .code() == StatusCode::kInvalidArgument);
+  CHECK(
+      r.report_load(kPrefill, "p:1", with_schedule([](WorkerLoad& l) { l.step_tokens_in_progress = -1; }), clock.now())
+          .code() == StatusCode::kInvalidArgument);
+  CHECK(r.report_load(kPrefill, "p:1", with_schedule([](WorkerLoad& l) { l.step_fixed_seconds = -0.1; }), clock.now())
+            .code() == StatusCode::kInvalidArgument);
+  CHECK(
+      r.report_load(kPrefill, "p:1", with_schedule([](WorkerLoad& l) { l.step_seconds_per_token = NAN; }), clock.now())
+          .code() == StatusCode::kInvalidArgument);
+  CHECK(r.report_load(kPrefill, "p:1", with_schedule([](WorkerLoad& l) { l.step_elapsed_seconds = INFINITY; }),
+                      clock.now())
+            .code() == StatusCode::kInvalidArgument);
   CHECK_FALSE(get(r, kDecode, "d:1").has_report);
   CHECK_FALSE(get(r, kPrefill, "p:1").has_report);
   CHECK(r.report_load(kPrefill, "p:1", prefill_load(5), clock.now()).ok());  // block_size 0 is fine for prefill
