@@ -271,6 +271,10 @@ class Scheduler {
   std::deque<std::pair<TimePoint, int64_t>>& released_log_locked(const std::string& decode_address, TimePoint now);
   // The prompt tokens sent to prefill worker `address` in the last kReleaseWindow before `now`, per second.
   double sent_rate_locked(const std::string& address, TimePoint now) const;
+  // The prompts sent to prefill worker `w` that its last report does not include (the registry's
+  // count), as (seconds after the report, tokens), oldest first; *rest: tokens among them that
+  // the log does not time.
+  std::vector<std::pair<double, int64_t>> sent_since_report_locked(const WorkerSnapshot& w, int64_t* rest) const;
   // The TTFT target that applies to `req` (0: none).
   double slo_of(const PendingRequest& req) const;
   // The rate a worker not measured yet is predicted at: the fastest measured one's for prompts

@@ -45,6 +45,21 @@ double Scheduler::sent_rate_locked(const std::string& address, TimePoint now) co
   return static_cast<double>(tokens) / std::chrono::duration<double>(kReleaseWindow).count();
 }
 
+std::vector<std::pair<double, int64_t>> Scheduler::sent_since_report_locked(const WorkerSnapshot& w,
+                                                                             int64_t* rest) const {
+  std::vector<std::pair<double, int64_t>> sent;
+  int64_t left = std::max<int64_t>(w.unreported_prompt_tokens, 0);
+  if (const auto it = sent_.find(w.address); it != sent_.end()) {
+    for (auto e = it->second.rbegin(); e != it->second.rend() && e->second <= left; ++e) {
+      left -= e->second;
+      sent.emplace_back(std::max(0.0, std::chrono::duration<double>(e->first - w.last_report_at).count()), e->second);
+    }
+  }
+  std::reverse(sent.begin(), sent.end());
+  *rest = left;
+  return sent;
+}
+
 double Scheduler::slo_of(const PendingRequest& req) const {
   const double server = config_.ttft_slo_seconds;
   const double own = req.ttft_slo_seconds;
@@ -83,7 +98,9 @@ Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const W
     site.n_compute -= expected_cached_tokens(w, tokens, &hashes);
     if (!hashes.empty()) site.prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
     ahead.reported = w.load.queued_prompt_tokens;
-    ahead.other += w.unreported_prompt_tokens;
+    int64_t untimed = 0;
+    ahead.sent = sent_since_report_locked(w, &untimed);
+    ahead.other += untimed;
     ahead.arriving_tokens_per_second = sent_rate_locked(w.address, clock_.now());
   }
   site.ttft = predictor_.predict(w, site.n_compute, ahead, prior);

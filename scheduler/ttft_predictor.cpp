@@ -54,7 +54,7 @@ bool TtftPredictor::has_schedule(const WorkerSnapshot& w) {
   return w.load.step_token_budget > 0 && w.load.step_seconds_per_token > 0;
 }
 
-TtftPrediction TtftPredictor::by_schedule(const WorkerLoad& load, int64_t n_compute, Ahead ahead) {
+TtftPrediction TtftPredictor::by_schedule(const WorkerLoad& load, int64_t n_compute, const Ahead& ahead) {
   const int64_t budget = load.step_token_budget;
   const auto step_time = [&load](int64_t tokens) {
     return load.step_fixed_seconds + load.step_seconds_per_token * static_cast<double>(tokens);
@@ -62,21 +62,34 @@ TtftPrediction TtftPredictor::by_schedule(const WorkerLoad& load, int64_t n_comp
   const double full = step_time(budget);
   const double age = std::max(0.0, ahead.report_age_seconds);
   const int64_t reported = std::max<int64_t>(ahead.reported, 0);
-  // From the report on (time 0): the step running then is free at `free`; the stream behind it.
+  // The worker replayed from its report (time 0) to now (`age`): the step running then ends at
+  // `free`, when the worker plans its next step from what is queued by then: the queue behind that
+  // step, and the prompts sent since, each from when it was sent. Steps planned by now are not
+  // joined.
   const int64_t in_step = std::clamp<int64_t>(load.step_tokens_in_progress, 0, reported);
   double free = in_step > 0 ? std::max(0.0, step_time(in_step) - load.step_elapsed_seconds) : 0;
-  int64_t stream = reported - in_step + std::max<int64_t>(ahead.other, 0);
-  // The steps started by now: full ones while the stream holds a budget's worth, then its rest.
-  if (stream > 0 && free <= age) {
-    const double started = std::floor((age - free) / full) + 1;
-    const int64_t n_full = static_cast<int64_t>(std::min(static_cast<double>(stream / budget), started));
-    free += static_cast<double>(n_full) * full;
-    stream -= n_full * budget;
-    if (stream > 0 && stream < budget && free <= age) {
-      free += step_time(stream);
-      stream = 0;
+  int64_t queued = reported - in_step;
+  const auto& sent = ahead.sent;
+  size_t next = 0;  // of `sent`, the first not queued yet
+  // Each turn takes an arrival, a run of full steps or one partial step: a few turns a prompt sent.
+  for (size_t turn = 0; turn < 4 * sent.size() + 4; ++turn) {
+    while (next < sent.size() && sent[next].first <= free) queued += sent[next++].second;
+    if (free > age) break;  // its next step is planned after now
+    if (queued == 0) {
+      if (next == sent.size() || sent[next].first > age) break;  // idle now
+      free = sent[next].first;                                   // idle until that one came
+    } else if (queued >= budget) {
+      const double started = std::floor((age - free) / full) + 1;  // full steps planned by now
+      const auto n_full = static_cast<int64_t>(std::min(static_cast<double>(queued / budget), started));
+      free += static_cast<double>(n_full) * full;
+      queued -= n_full * budget;
+    } else {
+      free += step_time(queued);
+      queued = 0;
     }
   }
+  for (; next < sent.size(); ++next) queued += sent[next].second;
+  const int64_t stream = queued + std::max<int64_t>(ahead.other, 0);
   // From now on: the next step starts when the one running now ends (now, when none does); the
   // prompt's tokens follow the stream's.
   const double start = std::max(free - age, 0.0);
@@ -98,7 +111,7 @@ TtftPrediction TtftPredictor::by_schedule(const WorkerLoad& load, int64_t n_comp
   return p;
 }
 
-std::optional<TtftPrediction> TtftPredictor::predict(const WorkerSnapshot& w, int64_t n_compute, Ahead ahead,
+std::optional<TtftPrediction> TtftPredictor::predict(const WorkerSnapshot& w, int64_t n_compute, const Ahead& ahead,
                                                      double prior_rate) const {
   if (has_schedule(w)) return by_schedule(w.load, n_compute, ahead);
   std::lock_guard lock(mu_);
@@ -110,7 +123,9 @@ std::optional<TtftPrediction> TtftPredictor::predict(const WorkerSnapshot& w, in
   // The report is a poll period old or so: the worker has computed since (when it had work).
   const double drained = std::max(0.0, ahead.report_age_seconds) * queue;
   const auto reported = static_cast<int64_t>(std::max(0.0, static_cast<double>(ahead.reported) - drained));
-  p.tokens_ahead = reported + std::max<int64_t>(ahead.other, 0);
+  int64_t sent = 0;
+  for (const auto& [when, n] : ahead.sent) sent += n;
+  p.tokens_ahead = reported + std::max<int64_t>(ahead.other, 0) + sent;
   p.rate = own;
   p.wait_seconds = static_cast<double>(p.tokens_ahead) / queue;
   p.compute_seconds = static_cast<double>(std::max<int64_t>(n_compute, 1)) / own;

@@ -43,6 +43,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "scheduler/worker_registry.h"
 
@@ -66,8 +68,10 @@ class TtftPredictor {
   // What is ahead of a new prompt on a worker.
   struct Ahead {
     int64_t reported = 0;  // tokens its last load report said it had (drained since, at its throughput)
-    int64_t other = 0;     // tokens sent since, and those queued ahead at the frontend
+    int64_t other = 0;     // tokens sent since (those not in `sent`), and those queued ahead at the frontend
     double report_age_seconds = 0;  // how old that report is
+    // The prompts sent to it since the report: (seconds after the report, tokens), in that order.
+    std::vector<std::pair<double, int64_t>> sent;
     // Prompt tokens sent to the worker per second lately (by schedule only): those sent before the
     // step holding the prompt's last token starts join that step, up to its budget.
     double arriving_tokens_per_second = 0;
@@ -76,7 +80,7 @@ class TtftPredictor {
   // prompt less its expected prefix-cache hit). `prior_rate` (tokens/s, 0: none) stands in for a
   // worker not measured at all yet (a decode worker that has not prefilled: the same model on a
   // like core, until it has).
-  std::optional<TtftPrediction> predict(const WorkerSnapshot& w, int64_t n_compute, Ahead ahead,
+  std::optional<TtftPrediction> predict(const WorkerSnapshot& w, int64_t n_compute, const Ahead& ahead,
                                         double prior_rate = 0) const;
   // A prefill on `address` computed `n_computed` tokens in `seconds` (from its first token).
   void observe(const std::string& address, int64_t n_computed, double seconds);
@@ -93,7 +97,7 @@ class TtftPredictor {
   static int bucket_of(int64_t n);
   double rate_locked(const WorkerSnapshot& w, int64_t n) const;
   double queue_rate_locked(const WorkerSnapshot& w) const;
-  static TtftPrediction by_schedule(const WorkerLoad& load, int64_t n_compute, Ahead ahead);
+  static TtftPrediction by_schedule(const WorkerLoad& load, int64_t n_compute, const Ahead& ahead);
 
   mutable std::mutex mu_;
   std::map<std::string, Rates> rates_;  // guarded by mu_; by worker address

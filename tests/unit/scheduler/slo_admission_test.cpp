@@ -59,7 +59,11 @@ PendingRequest request(Harness& h, const std::string& id, int64_t n_prompt, int6
 }
 
 TtftPredictor::Ahead ahead(int64_t other, int64_t reported = 0, double age = 0) {
-  return {.reported = reported, .other = other, .report_age_seconds = age};
+  TtftPredictor::Ahead a;
+  a.reported = reported;
+  a.other = other;
+  a.report_age_seconds = age;
+  return a;
 }
 
 struct Recorded {
@@ -463,6 +467,21 @@ TEST_CASE("ttft predictor: by the step schedule, prompts that wait for a step sh
   // Long drained: idle now.
   p = pr.predict(scheduled_worker(2048), 100, ahead(0, 2048, 60.0));
   CHECK(p->seconds() == Approx(step_time(100)));
+  // Idle at the report, but a 256-token prompt sent 0.1 s after it has had a step since: 0.2 s on,
+  // the prompt waits for that step (planned at 0.1 s), not one planned at the report.
+  TtftPredictor::Ahead a = ahead(0, 0, 0.2);
+  a.sent = {{0.1, 256}};
+  p = pr.predict(scheduled_worker(0), 256, a);
+  CHECK(p->wait_seconds == Approx(0.1 + step_time(256) - 0.2));
+  CHECK(p->tokens_ahead == 0);
+  // Two sent 0.05 s apart while a step ran (until 0.912 s): they share the step after it; a third,
+  // sent after that step was planned, is ahead of the prompt, 1.5 s after the report.
+  a = ahead(0, 256, 1.5);
+  a.sent = {{0.05, 100}, {0.1, 100}, {1.2, 64}};
+  p = pr.predict(scheduled_worker(256, 256, 0.1), 256, a);
+  CHECK(p->tokens_ahead == 64);
+  CHECK(p->wait_seconds == Approx(step_time(256) - 0.1 + step_time(200) - 1.5));
+  CHECK(p->compute_seconds == Approx(step_time(64 + 256)));
   // A prompt longer than the budget runs in chunks.
   p = pr.predict(scheduled_worker(0), 1200, ahead(0));
   CHECK(p->compute_seconds == Approx(2 * step_time(512) + step_time(176)));
