@@ -30,13 +30,14 @@ offered rate, every configuration) to --plot.
 
 Run from the repository root after scripts/build.sh, with the test venv (scripts/env.sh):
   $BATON_VENV/bin/python bench/goodput.py [--model GGUF] [--rates 0.5 1 2 4 8] [--requests 20]
-      [--configs colocated disaggregated adaptive adaptive+slo] [--prompt-tokens 256]
+      [--min-seconds S] [--configs colocated disaggregated adaptive adaptive+slo] [--prompt-tokens 256]
       [--long-prompt-tokens 1024 --long-fraction 0.2] [--output-tokens 64] [--slo-ttft 1.0]
       [--slo-itl 0.05] [--plot goodput.svg]
 """
 
 import argparse
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -83,9 +84,15 @@ def histogram_quantile(text, name, q):
     return prev_bound
 
 
+def n_requests(a, rate):
+    """--requests, or more at a high rate: a point lasts --min-seconds of arrivals at least (goodput is
+    requests met over the run's wall time, which a short run's last requests' tail would dominate)."""
+    return max(a.requests, math.ceil(rate * a.min_seconds))
+
+
 def bench(a, srv, rate, seed, tmp):
     out = Path(tmp) / f"r{rate}.json"
-    cmd = [a.batonctl, "bench", "--address", srv.address, "--rate", str(rate), "--requests", str(a.requests),
+    cmd = [a.batonctl, "bench", "--address", srv.address, "--rate", str(rate), "--requests", str(n_requests(a, rate)),
            "--warmup", "2", "--prompt-tokens", str(a.prompt_tokens), "--output-tokens", str(a.output_tokens),
            "--slo-ttft", str(a.slo_ttft), "--slo-itl", str(a.slo_itl), "--seed", str(seed), "--json", str(out)]
     if a.long_prompt_tokens:
@@ -167,6 +174,8 @@ def main():
     ap.add_argument("--batonctl", default=str(REPO / "build" / "batonctl"))
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
     ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--min-seconds", type=float, default=0,
+                    help="at least this many seconds of arrivals a point (more requests at high rates)")
     ap.add_argument("--configs", nargs="+", default=ALL_CONFIGS, choices=ALL_CONFIGS)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--long-prompt-tokens", type=int, default=0, help="a mixed workload: some prompts this long")
@@ -205,7 +214,9 @@ def main():
         results = {c: results[c] for c in configs}
     workload = (f"{a.prompt_tokens} ({100 * a.long_fraction:.0f} % of them {a.long_prompt_tokens})"
                 if a.long_prompt_tokens else f"{a.prompt_tokens}")
-    print(f"{a.requests} requests per point, {workload}+{a.output_tokens} tokens, Poisson arrivals; SLO: "
+    per_point = (f"{a.requests} requests per point (at least {a.min_seconds:g} s of arrivals)" if a.min_seconds
+                 else f"{a.requests} requests per point")
+    print(f"{per_point}, {workload}+{a.output_tokens} tokens, Poisson arrivals; SLO: "
           f"TTFT <= {a.slo_ttft * 1e3:.0f} ms and per-request ITL p99 <= {a.slo_itl * 1e3:.0f} ms")
     print("| rate req/s | config | goodput req/s | attainment (of admitted) | throughput req/s | TTFT p50 / p99 ms | "
           "ITL p50 / p99 ms | refused | other failures | TTFT prediction error p50 / p90 | cached prompt tokens |")

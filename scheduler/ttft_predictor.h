@@ -9,15 +9,18 @@
 //
 // By the step schedule, where the worker reports one (a prefill worker: WorkerLoad's step_*).
 // Its steps take the queue FIFO, up to the budget B each, and a step of k tokens takes
-// fixed + per_token × k. So the queue is a stream of tokens cut into steps of B: the step running
-// at the report ends first; the steps after it start back to back; by now (the report's age) some
-// have run; the step running now is not joined; the new prompt's n − c tokens go at the end of the
-// stream, and its first token comes at the end of the step holding its last token. Prompts that
-// arrive while a step runs thus share the next step, as the worker packs them: the
-// per-prompt model below, which drains the queue prompt after prompt, over-predicts them (by up
-// to 2× at 1 req/s of 256-token prompts in a 512-token budget: bench/RESULTS.md). Prompts sent
-// after this one, before its last step starts, fill that step too (up to the budget), which makes
-// it longer: at the rate prompt tokens were sent to the worker lately.
+// fixed + per_token × k. The worker is replayed from its report to now: the step running then ends
+// first; each next step is planned from what is queued when the last one ends (the queue behind it,
+// and the prompts sent since the report, each from when it was sent), or when a prompt comes to an
+// idle worker. The step running now is not joined; the tokens queued now, those queued ahead at the
+// frontend, then the new prompt's n − c tokens form a stream cut into steps of B, and its first token
+// comes at the end of the step holding its last token. Prompts that arrive while a step runs thus
+// share the next step, as the worker packs them: the per-prompt model below, which drains the queue
+// prompt after prompt, over-predicts them (by up to 2× at 1 req/s of 256-token prompts in a
+// 512-token budget on a slow core: bench/RESULTS.md). Prompts sent after this one, before its last
+// step starts, fill that step too (up to the budget), which makes it longer: at the rate prompt
+// tokens were sent to the worker lately (their expected number: whether one comes is a coin the
+// prediction cannot see, the error that remains).
 //   wait    = until the step holding its first token starts
 //   compute = from then to the end of the step holding its last
 //
