@@ -227,6 +227,10 @@ void Scheduler::first_token(const std::string& id, double prefill_seconds, int64
       const TtftForecast& f = *e.predicted;
       const double seen = std::chrono::duration<double>(clock_.now() - e.req.arrival).count();
       sample.emplace(f.seconds, seen);
+      if (f.seconds > 0) {
+        seen_over_predicted_.push_back(seen / f.seconds);
+        if (seen_over_predicted_.size() > kErrorSamples) seen_over_predicted_.pop_front();
+      }
       spdlog::debug(
           "ttft req={}: predicted {:.3f} s (admitted after {:.3f} + decode KV {:.3f} + {} tokens ahead {:.3f} + "
           "{} of its own at {:.0f}/s {:.3f}{}), seen {:.3f} s ({} of {} computed in {:.3f} s on {})",

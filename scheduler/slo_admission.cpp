@@ -178,7 +178,8 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
     *predicted = TtftForecast{ttft, elapsed, decode_wait, *best->ttft, best->local, best->n_compute};
   }
   const double slo = slo_of(req);
-  if (slo <= 0 || ttft <= slo) return {};
+  const double margin = slo_margin_locked();
+  if (slo <= 0 || ttft * margin <= slo) return {};
   // The decode side when waiting for its blocks alone misses the target; else the prefill queue.
   const bool decode_side = decode_wait > 0 && elapsed + decode_wait > slo;
   *rejected = decode_side ? SloRejection::kDecodeKv : SloRejection::kPrefillQueue;
@@ -196,13 +197,24 @@ Status Scheduler::admit_to_slo_locked(const PendingRequest& req, const std::vect
           ") and " + std::to_string(best->n_compute) + " of its own at " + fixed(p.rate, 0) + " tokens/s (" +
           secs_string(p.compute_seconds) + ")";
   }
-  const double over = std::isfinite(ttft) ? ttft - slo : std::chrono::duration<double>(kReleaseWindow).count();
+  const double over =
+      std::isfinite(ttft) ? ttft * margin - slo : std::chrono::duration<double>(kReleaseWindow).count();
   const auto retry = static_cast<int32_t>(std::clamp(std::ceil(over), 1.0, 3600.0));
+  const std::string with_margin =
+      margin > 1 ? " (× " + fixed(margin, 2) + ", the p99 of the predictor's recent misses)" : std::string();
   Status s = resource_exhausted("predicted time to first token " + (std::isfinite(ttft) ? secs_string(ttft) : std::string("unbounded")) +
-                                " misses the TTFT target of " + secs_string(slo) + " on every placement; " + why +
+                                with_margin + " misses the TTFT target of " + secs_string(slo) + " on every placement; " + why +
                                 "; retry after " + std::to_string(retry) + " s");
   s.set_retry_after_seconds(retry);
   return s;
+}
+
+double Scheduler::slo_margin_locked() const {
+  if (seen_over_predicted_.size() < kMinErrorSamples) return 1;
+  std::vector<double> r(seen_over_predicted_.begin(), seen_over_predicted_.end());
+  const auto q = r.begin() + static_cast<std::ptrdiff_t>((r.size() - 1) * 99 / 100);
+  std::nth_element(r.begin(), q, r.end());
+  return std::clamp(*q, 1.0, 2.0);
 }
 
 bool Scheduler::may_hand_over(const PendingRequest& req, const PrefillSite& site) const {

@@ -191,6 +191,39 @@ TEST_CASE("slo admission: a request predicted late is refused naming the prefill
   CHECK(rec.ttft[0].second == Approx(0.6));
 }
 
+TEST_CASE("slo admission: a predictor that has erred low is trusted less (the p99 of its recent misses)",
+          "[scheduler][slo]") {
+  Harness h(with_slo(1.0));
+  Recorded rec;
+  two_workers(h, rec, 1000, 0);
+  // 0.9 s predicted: admitted while too few first tokens have been seen to judge the predictor.
+  REQUIRE(h.submit(request(h, "first", 900, 4)).ok());
+  h.clock.advance(secs(0.9));
+  h.sched.first_token("first", 0.9, 0);
+  h.sched.finished("first");
+  // Then 60 requests predicted at 0.5 s whose first tokens come at 0.65 s (1.3×; the prefill itself
+  // at the rate predicted: the time went elsewhere).
+  for (int i = 0; i < 60; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    report(h, kPrefill, "p:1", prefill_load(0, 1000));
+    report(h, kDecode, "d:1", decode_load(1000));
+    REQUIRE(h.submit(request(h, id, 500, 4)).ok());
+    h.clock.advance(secs(0.65));
+    h.sched.first_token(id, 0.5, 0);
+    h.sched.finished(id);
+  }
+  REQUIRE(rec.ttft.size() == 61);
+  // 0.9 s predicted × 1.3 misses the target: refused, saying so.
+  report(h, kPrefill, "p:1", prefill_load(0, 1000));
+  report(h, kDecode, "d:1", decode_load(1000));
+  const Status s = h.submit(request(h, "late", 900, 4));
+  REQUIRE(s.code() == StatusCode::kResourceExhausted);
+  CHECK(contains(s.message(), "predicted time to first token 0.9 s (× 1.30"));
+  CHECK(s.retry_after_seconds() == 1);
+  // 0.7 s × 1.3 meets it.
+  CHECK(h.submit(request(h, "in time", 700, 4)).ok());
+}
+
 TEST_CASE("slo admission: the retry-after is how far the prediction misses the target", "[scheduler][slo]") {
   Harness h(with_slo(2.0));
   Recorded rec;
