@@ -335,7 +335,7 @@ class Scheduler {
   // The TTFT seen over the TTFT predicted at admission, of the last kErrorSamples first tokens.
   std::deque<double> seen_over_predicted_;
   static constexpr size_t kErrorSamples = 200;
-  static constexpr size_t kMinErrorSamples = 50;
+  static constexpr size_t kMinErrorSamples = 10;
   // What admission multiplies a prediction by before comparing it with the target: the 99th
   // percentile of seen_over_predicted_, within [1, 2] (1 until kMinErrorSamples were seen), so
   // that the admitted meet the target at p99 even where the predictor errs low.
