@@ -336,14 +336,13 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
       if (registry_.reserve_decode(d, e.req.id, blocks)) {
         if (site->local || registry_.add_prefill_tokens(p, e.req.id, site->n_compute)) {
           if (site->prefix) registry_.add_prefill_prefix(p, e.req.id, site->prefix);
-          if (!site->local) {
-            auto& sent = sent_[p];
-            while (!sent.empty() && now - sent.front().first > kReleaseWindow) sent.pop_front();
-            sent.emplace_back(now, site->n_compute);
-          }
           if (site->local) {
             e.local_tokens = e.req.n_prompt_tokens;
             local_outstanding_[d] += e.local_tokens;
+          } else {
+            auto& sent = sent_[p];
+            while (!sent.empty() && now - sent.front().first > kReleaseWindow) sent.pop_front();
+            sent.emplace_back(now, site->n_compute);
           }
           placed = true;
           e.placed = true;

@@ -42,6 +42,9 @@
 // while a decode worker has room; else the blocks short over the rate this frontend's requests
 // have freed them at recently, infinite when none were freed) plus the best prefill side
 // (TtftPredictor, counting the prompts queued here ahead of it: same or higher priority, earlier).
+// The prediction is compared with the target after multiplying it by the p99 of the predictor's
+// recent misses (slo_margin_locked: seen over predicted TTFT, 1 to 2), so that the admitted meet
+// the target at p99 where the predictor errs low.
 // A request predicted to miss the target everywhere is refused at once: RESOURCE_EXHAUSTED with
 // a retry-after, and a message naming the side (decode KV when its wait alone misses the target,
 // else the prefill queue) and the prediction. Requests whose TTFT cannot be predicted yet (no

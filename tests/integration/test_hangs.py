@@ -15,6 +15,7 @@ mid-stream (or mid-prefill), and:
   returns (its KV blocks all free).
 """
 
+import math
 import os
 import re
 import shutil
@@ -87,8 +88,8 @@ def watchdog_bound(step):
     return max(ALLOWANCE_S, (1.5 + 3 * step) * TIME_SCALE) + 0.5
 
 
-def check_fault(pb, front, work, reference, streams, fault_at, what, step=0.0):
-    same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, MAX_TOKENS, fault_at)
+def check_fault(pb, front, work, reference, streams, fault_at, what, step=0.0, max_tokens=MAX_TOKENS):
+    same_seeded, n_seeded = assert_same_as_undisturbed(streams, reference, max_tokens, fault_at)
     moved = [i for i, s in enumerate(streams) if s.final.timing.failovers > 0]
     assert moved, f"no stream was on the {what}"
     # The longest wait for a token after the fault (tokens already in flight at the fault arrive
@@ -118,24 +119,33 @@ def labels_of(streams, field):
     return {getattr(s.final, field) for s in streams}
 
 
-def decode_fault_mid_stream(pb, front, work, fault, what):
+def decode_fault_mid_stream(pb, front, work, fault, what, seconds_left=0.0, max_context=2048):
     """The undisturbed run of `work` (its streams must use both decode workers), then the same
     streams with fault() once each has 40 tokens: every stream completes as check_fault requires,
-    all on one decode worker. Returns the label of the decode worker the fault struck."""
-    undisturbed = run_all(pb, front.address, work, MAX_TOKENS)
+    all on one decode worker. Returns the label of the decode worker the fault struck.
+    `seconds_left`: each stream still has about that long to go at the fault, at the undisturbed
+    run's pace (more than MAX_TOKENS on a fast machine, within `max_context`)."""
+    max_tokens = MAX_TOKENS
+    undisturbed = run_all(pb, front.address, work, max_tokens)
+    if seconds_left > 0:
+        per_token = max((s.times[-1] - s.times[0]) / (len(s.times) - 1) for s in undisturbed)
+        need = min(40 + math.ceil(seconds_left / per_token), max_context - max(len(p) for p in work))
+        if need > max_tokens:
+            max_tokens = need
+            undisturbed = run_all(pb, front.address, work, max_tokens)
     reference = [s.ids for s in undisturbed]
     assert len(labels_of(undisturbed, "decode_worker")) == 2, "the streams did not use both decode workers"
     # The decode steps' length, as the workers report it: the longest gap between two tokens of
     # the undisturbed run (on a slow machine 1.5 s + 3 steps is more than 3 s).
     step = max(max(b - a for a, b in zip(s.times[1:], s.times[2:])) for s in undisturbed)
-    streams = start_streams(pb, front.address, work, MAX_TOKENS)
+    streams = start_streams(pb, front.address, work, max_tokens)
     wait_until(lambda: min(len(s.ids) for s in streams) >= 40)
     fault()
     fault_at = time.monotonic()
     for s in streams:
         s.join()
     assert min(s.times[-1] for s in streams) > fault_at, "a stream finished before the fault: make them longer"
-    check_fault(pb, front, work, reference, streams, fault_at, what, step)
+    check_fault(pb, front, work, reference, streams, fault_at, what, step, max_tokens)
     survivor = labels_of(streams, "decode_worker")
     assert len(survivor) == 1, survivor
     return next(iter(labels_of(undisturbed, "decode_worker") - survivor))
@@ -289,10 +299,13 @@ def test_decode_worker_partitioned_from_the_frontend_costs_no_request(pb, server
             ns.partition()
 
         try:
-            cut = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=5), partition, "partitioned decode worker")
+            # Its streams must outlast the keepalive's verdict (a ping a second, a second to answer)
+            # by a margin, however fast this machine decodes.
+            cut = decode_fault_mid_stream(pb, front, prompts(8, 40, seed=5), partition, "partitioned decode worker",
+                                          seconds_left=6.0)
             # Still cut off: the worker's pings went unanswered, so it cancelled the calls the frontend
-            # gave up on itself, and none of its sequences ran on to max_tokens (each had some 280
-            # tokens to go, several seconds' worth; the streams all ended elsewhere by now).
+            # gave up on itself, and none of its sequences ran on to max_tokens (each had some 6 s of
+            # tokens to go at the undisturbed pace; the streams all ended elsewhere by now).
             log = decode[0].log_since(at["mark"])
             ended = [line for line in log if " ended: CANCELLED" in line]
             finished = [line for line in log if " finished: " in line]

@@ -139,9 +139,14 @@ def test_cancel_mid_stream_frees_blocks(pb, test_model, server_factory):
 
 def test_deadline_exceeded_frees_blocks(pb, test_model, server_factory):
     srv = server_factory(test_model)
+    # A deadline a third of what 1000 tokens take on this machine (0.5 s on a slow core, 0.1 s on a
+    # fast one) passes mid-stream.
+    t0 = time.monotonic()
+    ids, _, _ = generate(pb, srv.address, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
+    assert len(ids) == 1000
+    deadline = (time.monotonic() - t0) / 3
     with pytest.raises(grpc.RpcError) as err:
-        # 1000 tokens take ~0.5 s on the test model: the 0.15 s deadline passes mid-stream.
-        generate(pb, srv.address, timeout=0.15, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
+        generate(pb, srv.address, timeout=deadline, prompt_token_ids=[5, 6, 7], max_tokens=1000, ignore_eos=True)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_blocks_free(srv), "decode KV blocks did not return to the total after a deadline"
 
