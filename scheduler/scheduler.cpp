@@ -340,9 +340,7 @@ void Scheduler::place_locked(TimePoint now, Actions& actions) {
             e.local_tokens = e.req.n_prompt_tokens;
             local_outstanding_[d] += e.local_tokens;
           } else {
-            auto& sent = sent_[p];
-            while (!sent.empty() && now - sent.front().first > kReleaseWindow) sent.pop_front();
-            sent.emplace_back(now, site->n_compute);
+            recent_log_locked(sent_, p, now).emplace_back(now, site->n_compute);
           }
           placed = true;
           e.placed = true;
@@ -388,7 +386,7 @@ void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
   BATON_CHECK(it != requests_.end() && it->second.placed, "release_placed_locked(%s): not placed", id.c_str());
   const Entry& e = it->second;
   registry_.release_decode(e.placement.decode_address, id);
-  released_log_locked(e.placement.decode_address, now).emplace_back(now, e.placement.decode_blocks);
+  recent_log_locked(released_, e.placement.decode_address, now).emplace_back(now, e.placement.decode_blocks);
   if (e.local_tokens > 0) {
     local_outstanding_[e.placement.decode_address] -= e.local_tokens;
   } else if (e.prefill_outstanding) {

@@ -270,8 +270,11 @@ class Scheduler {
   // `or_unreported`, that has not reported yet) prefills it itself.
   bool needs_prefill_worker(const PendingRequest& req, const std::vector<WorkerSnapshot>& decode,
                             bool or_unreported) const;
-  // The blocks released on `decode_address` in the last kReleaseWindow before `now` (older ones dropped).
-  std::deque<std::pair<TimePoint, int64_t>>& released_log_locked(const std::string& decode_address, TimePoint now);
+  // `address`'s entries of `logs` (released_ or sent_) in the last kReleaseWindow before `now`
+  // (older ones dropped).
+  using RecentLog = std::deque<std::pair<TimePoint, int64_t>>;
+  static RecentLog& recent_log_locked(std::unordered_map<std::string, RecentLog>& logs, const std::string& address,
+                                      TimePoint now);
   // The prompt tokens sent to prefill worker `address` in the last kReleaseWindow before `now`, per second.
   double sent_rate_locked(const std::string& address, TimePoint now) const;
   // The prompts sent to prefill worker `w` that its last report does not include (the registry's
@@ -330,10 +333,10 @@ class Scheduler {
   std::unordered_map<std::string, int64_t> local_outstanding_;  // decode address → local prompt tokens placed
   // Decode blocks released here (finished requests), by worker: (when, blocks) of the last
   // kReleaseWindow, for the decode side's wait.
-  std::unordered_map<std::string, std::deque<std::pair<TimePoint, int64_t>>> released_;
+  std::unordered_map<std::string, RecentLog> released_;
   // Prompt tokens sent to each prefill worker: (when, tokens) of the last kReleaseWindow, for the
   // prediction of the steps they join (TtftPredictor::Ahead::arriving_tokens_per_second).
-  std::unordered_map<std::string, std::deque<std::pair<TimePoint, int64_t>>> sent_;
+  std::unordered_map<std::string, RecentLog> sent_;
   static constexpr std::chrono::seconds kReleaseWindow{10};
   // The TTFT seen over the TTFT predicted at admission, of the last kErrorSamples first tokens.
   std::deque<double> seen_over_predicted_;

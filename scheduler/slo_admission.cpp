@@ -28,9 +28,9 @@ std::string secs_string(double v) {
 
 }  // namespace
 
-std::deque<std::pair<TimePoint, int64_t>>& Scheduler::released_log_locked(const std::string& decode_address,
-                                                                            TimePoint now) {
-  auto& log = released_[decode_address];
+Scheduler::RecentLog& Scheduler::recent_log_locked(std::unordered_map<std::string, RecentLog>& logs,
+                                                  const std::string& address, TimePoint now) {
+  auto& log = logs[address];
   while (!log.empty() && now - log.front().first > kReleaseWindow) log.pop_front();
   return log;
 }
@@ -117,7 +117,7 @@ double Scheduler::decode_wait_locked(const PendingRequest& req, const std::vecto
     const int64_t shortfall = blocks_for(req.n_total_tokens + tokens_ahead, d.load.block_size) - d.available_blocks();
     if (shortfall <= 0) return 0;
     int64_t freed = 0;
-    for (const auto& r : released_log_locked(d.address, now)) freed += r.second;
+    for (const auto& r : recent_log_locked(released_, d.address, now)) freed += r.second;
     if (freed > 0) {
       const double rate = static_cast<double>(freed) / std::chrono::duration<double>(kReleaseWindow).count();
       best = std::min(best, static_cast<double>(shortfall) / rate);
