@@ -3,12 +3,27 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <openssl/sha.h>
+
 #include <charconv>
 #include <fstream>
 #include <sstream>
 
 namespace baton {
 namespace {
+
+// ApiKey::tenant: 32 hex digits of SHA-256 over the secret.
+std::string tenant_of(const std::string& secret) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(), digest);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
@@ -71,6 +86,7 @@ Result<std::vector<ApiKey>> parse_api_keys(const std::string& text, const std::s
                                 "' after the key; the options are max-priority=N and admin, each at most once");
       }
     }
+    key.tenant = tenant_of(key.secret);
     keys.push_back(std::move(key));
   }
   if (keys.empty()) return invalid_argument("--api-key-file: '" + path + "' holds no key (one key per line)");
@@ -118,7 +134,7 @@ void ApiKeys::refresh() {
 }
 
 Status ApiKeys::check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority,
-                                    bool* admin) {
+                                    bool* admin, std::string* tenant) {
   constexpr std::string_view kHow =
       "send 'authorization: Bearer <key>' (gRPC metadata or an HTTP header) with a key from the frontend's --api-key-file";
   if (authorization.empty()) return unauthenticated("no API key: " + std::string(kHow));
@@ -140,14 +156,16 @@ Status ApiKeys::check_authorization(std::string_view authorization, std::optiona
   if (match == nullptr) return unauthenticated("the API key is not valid: " + std::string(kHow));
   if (max_priority != nullptr) *max_priority = match->max_priority;
   if (admin != nullptr) *admin = match->admin;
+  if (tenant != nullptr) *tenant = match->tenant;
   return {};
 }
 
-Status ApiKeys::check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority, bool* admin) {
+Status ApiKeys::check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority, bool* admin,
+                      std::string* tenant) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return check_authorization("", max_priority, admin);
-  return check_authorization(std::string_view(it->second.data(), it->second.size()), max_priority, admin);
+  if (it == metadata.end()) return check_authorization("", max_priority, admin, tenant);
+  return check_authorization(std::string_view(it->second.data(), it->second.size()), max_priority, admin, tenant);
 }
 
 }  // namespace baton

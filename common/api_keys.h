@@ -25,6 +25,10 @@ namespace baton {
 
 struct ApiKey {
   std::string secret;
+  // Who the key's caller is, for what requests may share (the prefix cache, structured output's
+  // automata: SamplingParams::cache_scope): 32 hex digits of SHA-256 over the secret, which itself
+  // never leaves the frontend.
+  std::string tenant;
   std::optional<int32_t> max_priority;  // nullopt: the frontend's --max-priority
   bool admin = false;                   // may call the Admin service
 };
@@ -37,12 +41,13 @@ class ApiKeys {
   static constexpr size_t kMinKeyLength = 16;
 
   // OK when the call carries one of the keys (and `*max_priority` = that key's bound, when it
-  // has one; `*admin` = whether it is marked admin); UNAUTHENTICATED with what to send otherwise.
+  // has one; `*admin` = whether it is marked admin; `*tenant` = its ApiKey::tenant);
+  // UNAUTHENTICATED with what to send otherwise.
   Status check(const grpc::ServerContextBase& context, std::optional<int32_t>* max_priority = nullptr,
-               bool* admin = nullptr);
+               bool* admin = nullptr, std::string* tenant = nullptr);
   // The same for an `authorization` header value ("Bearer <key>"; "" = absent).
   Status check_authorization(std::string_view authorization, std::optional<int32_t>* max_priority = nullptr,
-                             bool* admin = nullptr);
+                             bool* admin = nullptr, std::string* tenant = nullptr);
 
  private:
   explicit ApiKeys(std::string path) : path_(std::move(path)) {}

@@ -26,4 +26,31 @@ std::string Status::to_string() const {
   return std::string(status_code_name(code_)) + ": " + message_;
 }
 
+std::string quote_input(std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  std::string body;
+  size_t i = 0;
+  for (; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const bool plain = c >= 0x20 && c < 0x7F && c != '\\' && c != '\'';
+    if (body.size() + (plain ? 1 : 4) > kMaxEchoBytes) break;
+    if (plain) {
+      body += static_cast<char>(c);
+    } else {
+      body += "\\x";
+      body += hex[c >> 4];
+      body += hex[c & 15];
+    }
+  }
+  std::string out = "'" + body + "'";
+  if (i < s.size()) out += " (cut, " + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+Status check_length(std::string_view s, std::string_view field, size_t max) {
+  if (s.size() <= max) return {};
+  return invalid_argument(std::string(field) + " is " + std::to_string(s.size()) + " bytes; at most " +
+                          std::to_string(max));
+}
+
 }  // namespace baton

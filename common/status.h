@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -72,6 +73,19 @@ inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPr
 inline Status permission_denied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+
+// A client's (or a peer's) string as an error message quotes it: bytes outside printable ASCII as \xNN, at
+// most kMaxEchoBytes characters of that between the quotes (so 16 bytes of a string that is all
+// escapes), and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB message and
+// log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
+inline constexpr size_t kMaxEchoBytes = 64;
+std::string quote_input(std::string_view s);
+
+// The longest id, name or address a worker takes from a peer (request ids, model fingerprints,
+// fork and sender names): the refusals quote them, and a status travels in 16 KiB of metadata.
+inline constexpr size_t kMaxPeerStringBytes = 1024;
+// INVALID_ARGUMENT "`field` is N bytes; at most `max`" when `s` is longer.
+Status check_length(std::string_view s, std::string_view field, size_t max = kMaxPeerStringBytes);
 
 // A value of type T or a non-ok Status.
 template <typename T>

@@ -76,13 +76,14 @@ void DecodeEngine::stop() {
 Status DecodeEngine::admit(const DecodeAdmit& admitted, int64_t* reserved_blocks) {
   const ModelConfig& mc = model_.config();
   DecodeAdmit r = admitted;
-  BATON_RETURN_IF_ERROR(resolve_format(config_.constraints.get(), "decode worker " + config_.name, &r.sampling));
   if (r.request_id.empty()) return invalid_argument("request_id is empty");
+  BATON_RETURN_IF_ERROR(r.validate_against(mc));  // the sizes first: the messages below quote fields
   if (r.model_fingerprint != model_.fingerprint()) {
     return failed_precondition("request " + r.request_id + " is for model fingerprint '" + r.model_fingerprint +
                                "' but decode worker " + config_.name + " serves '" + model_.fingerprint() + "'");
   }
-  BATON_RETURN_IF_ERROR(r.validate_against(mc));
+  // The format last: compiling a schema is the costliest check.
+  BATON_RETURN_IF_ERROR(resolve_format(config_.constraints.get(), "decode worker " + config_.name, &r.sampling));
   const bool local = !r.prefill_tokens.empty();
   if (local && static_cast<int64_t>(r.prefill_tokens.size()) > config_.local_prefill_max_tokens) {
     return failed_precondition("request " + r.request_id + " asks decode worker " + config_.name + " to prefill " +
@@ -95,6 +96,11 @@ Status DecodeEngine::admit(const DecodeAdmit& admitted, int64_t* reserved_blocks
   std::unique_lock lk(mu_);
   if (stopping_) return unavailable("decode worker " + config_.name + " is shutting down");
   if (seqs_.count(r.request_id) != 0) return invalid_argument("request " + r.request_id + " is already admitted");
+  // An id whose prompt is still held for its forks is in use too: admitted again, its new hold
+  // would have replaced the old one and leaked that one's blocks.
+  if (fork_holds_.count(r.request_id) != 0) {
+    return invalid_argument("request " + r.request_id + " still holds its prompt's KV for forks; use another id");
+  }
   if (!r.fork_of.empty()) {
     BATON_RETURN_IF_ERROR(admit_fork_locked(r, reserved_blocks));
     lk.unlock();

@@ -84,6 +84,8 @@ void DecodeEngine::hold_for_forks_locked(const Sequence& seq, std::vector<int32_
   hold.blocks.assign(seq.table.begin(), seq.table.begin() + n_blocks);
   pool_.share(hold.blocks);
   hold.tokens = std::move(tokens);
+  // admit() refuses an id that holds one; were one there, its blocks go back rather than leak.
+  if (auto old = fork_holds_.find(seq.admit.request_id); old != fork_holds_.end()) drop_fork_hold_locked(old);
   fork_holds_[seq.admit.request_id] = std::move(hold);
   work_ = true;  // the engine thread arms the hold's expiry
 }

@@ -29,6 +29,11 @@ int64_t decode_kv_block_bytes(const ModelConfig& m, int block_size, DType kv_dty
 }
 
 Status DecodeAdmit::validate_against(const ModelConfig& model) const {
+  BATON_RETURN_IF_ERROR(check_length(request_id, "request_id"));
+  BATON_RETURN_IF_ERROR(check_length(model_fingerprint, "model_fingerprint"));
+  BATON_RETURN_IF_ERROR(check_length(fork_of, "fork_of"));
+  BATON_RETURN_IF_ERROR(check_length(kv_sender_certificate, "kv_sender_certificate"));
+  for (const std::string& s : kv_senders) BATON_RETURN_IF_ERROR(check_length(s, "kv_sender"));
   if (n_prompt_tokens < 1) return invalid_argument("n_prompt_tokens must be >= 1 (got " + std::to_string(n_prompt_tokens) + ")");
   if (max_tokens < 1) return invalid_argument("max_tokens must be >= 1 (got " + std::to_string(max_tokens) + ")");
   BATON_RETURN_IF_ERROR(check_context(int64_t{n_prompt_tokens} + max_tokens, model,

@@ -162,6 +162,15 @@ grpc::ServerUnaryReactor* DecodeService::Admit(grpc::CallbackServerContext* cont
   admit.deadline = asked ? std::min(*asked, attach_by) : attach_by;
   admit.owner = peer_identity(*context);
   admit.kv_sender_certificate = request->kv_sender_certificate();
+  // Sizes before anything is quoted or resolved (a megabyte host name reached the resolver and
+  // the refusal, which then could not travel as a status).
+  for (const auto& [value, field] : {std::pair{&request->request_id(), "request_id"}, {&request->kv_sender(), "kv_sender"}}) {
+    if (const Status st = check_length(*value, field); !st.ok()) {
+      auto* reactor = context->DefaultReactor();
+      reactor->Finish(to_grpc(st));
+      return reactor;
+    }
+  }
   if (!request->kv_sender().empty() && admit.kv_sender_certificate.empty()) {
     admit.kv_senders = peer_hosts_of(request->kv_sender());
     if (admit.kv_senders.empty()) {

@@ -21,6 +21,7 @@ int32_t GrammarBuilder::declare(std::string name) {
 
 void GrammarBuilder::add_alt(int32_t rule, Seq alt) {
   BATON_CHECK(rule >= 0 && rule < n_rules(), "rule %d of %d", rule, n_rules());
+  n_elements_ += static_cast<int64_t>(alt.size()) + 1;
   alts_[static_cast<size_t>(rule)].push_back(std::move(alt));
 }
 
@@ -104,23 +105,41 @@ Grammar GrammarBuilder::build(int32_t root) && {
 }
 
 bool Grammar::productive(int32_t rule) const {
-  // The least fixed point: a rule is productive once one alternative is all bytes and productive rules.
-  std::vector<char> ok(rule_starts.size(), 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < rule_starts.size(); ++r) {
-      if (ok[r]) continue;
-      for (int32_t p : rule_starts[r]) {
-        bool all = true;
-        for (; elements[static_cast<size_t>(p)].kind != Element::Kind::kEnd; ++p) {
-          const Element& e = elements[static_cast<size_t>(p)];
-          all = all && (e.kind == Element::Kind::kBytes || ok[static_cast<size_t>(e.arg)]);
+  // The least fixed point, by a worklist (linear in the grammar's size: a chain of n rules settles
+  // in one pass, where sweeping every rule until nothing changes took n sweeps). An alternative is
+  // productive once every rule it refers to is; a rule, once one alternative is.
+  const size_t n_rules = rule_starts.size();
+  std::vector<int32_t> alt_rule, pending;          // per alternative: its rule, unsettled references
+  std::vector<std::vector<int32_t>> used_by(n_rules);  // per rule: the alternatives referring to it (once per mention)
+  std::vector<char> ok(n_rules, 0);
+  std::vector<int32_t> ready;  // rules found productive, not yet propagated
+  for (size_t r = 0; r < n_rules; ++r) {
+    for (int32_t p : rule_starts[r]) {
+      const auto alt = static_cast<int32_t>(alt_rule.size());
+      alt_rule.push_back(static_cast<int32_t>(r));
+      int32_t refs = 0;
+      for (; elements[static_cast<size_t>(p)].kind != Element::Kind::kEnd; ++p) {
+        const Element& e = elements[static_cast<size_t>(p)];
+        if (e.kind == Element::Kind::kRule) {
+          used_by[static_cast<size_t>(e.arg)].push_back(alt);
+          ++refs;
         }
-        if (all) {
-          ok[r] = 1;
-          changed = true;
-          break;
-        }
+      }
+      pending.push_back(refs);
+      if (refs == 0 && !ok[r]) {
+        ok[r] = 1;
+        ready.push_back(static_cast<int32_t>(r));
+      }
+    }
+  }
+  while (!ready.empty()) {
+    const int32_t r = ready.back();
+    ready.pop_back();
+    for (int32_t alt : used_by[static_cast<size_t>(r)]) {
+      const int32_t owner = alt_rule[static_cast<size_t>(alt)];
+      if (--pending[static_cast<size_t>(alt)] == 0 && !ok[static_cast<size_t>(owner)]) {
+        ok[static_cast<size_t>(owner)] = 1;
+        ready.push_back(owner);
       }
     }
   }

@@ -65,6 +65,8 @@ class GrammarBuilder {
   int32_t optional(std::string name, const Seq& x) { return repeat(std::move(name), x, 0, 1); }
 
   int32_t n_rules() const { return static_cast<int32_t>(alts_.size()); }
+  // Elements added so far, each alternative's end included: the built grammar's size.
+  int64_t n_elements() const { return n_elements_; }
   // The grammar, rooted at `root`. Every declared rule must have an alternative.
   Grammar build(int32_t root) &&;
 
@@ -72,6 +74,7 @@ class GrammarBuilder {
   std::vector<std::vector<Seq>> alts_;
   std::vector<std::string> names_;
   std::vector<ByteSet> sets_;
+  int64_t n_elements_ = 0;
 };
 
 // The bytes lo..hi inclusive.

@@ -1,5 +1,10 @@
 #include "grammar/json_schema.h"
 
+#include "common/json_bounds.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -43,7 +48,8 @@ std::string pointer_token(const std::string& key) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json* root) : root_(root) {}
+  SchemaCompiler(const json* root, const SchemaBudget& budget)
+      : root_(root), budget_(budget), start_(std::chrono::steady_clock::now()) {}
 
   // The shared pieces of JSON's own grammar.
   int32_t ws() {
@@ -157,7 +163,14 @@ class SchemaCompiler {
     return any_;
   }
 
-  Result<int32_t> compile(const json& s, const std::string& path) {
+  // `depth`: the subschemas and $refs this one is inside.
+  Result<int32_t> compile(const json& s, const std::string& path, int depth) {
+    if (depth > budget_.max_depth) {
+      return invalid_argument("the schema nests deeper than " + std::to_string(budget_.max_depth) + " levels at " +
+                              where(path) + " (each subschema, and each $ref followed, is a level)");
+    }
+    BATON_RETURN_IF_ERROR(within_budget(path));
+    deepest_ = std::max(deepest_, depth);
     if (s.is_boolean()) {
       if (s.get<bool>()) return any_value();
       return invalid_argument("the schema at " + where(path) + " is false: no value validates against it");
@@ -182,7 +195,7 @@ class SchemaCompiler {
     };
     if (s.contains("$ref")) {
       BATON_RETURN_IF_ERROR(only("$ref"));
-      return reference(s["$ref"], path + "/$ref");
+      return reference(s["$ref"], path + "/$ref", depth);
     }
     if (s.contains("anyOf")) {
       BATON_RETURN_IF_ERROR(only("anyOf"));
@@ -190,17 +203,24 @@ class SchemaCompiler {
       if (!alts.is_array() || alts.empty()) return invalid_argument("'anyOf' at " + where(path) + " must be a non-empty array");
       const int32_t r = b_.declare("anyOf");
       for (size_t i = 0; i < alts.size(); ++i) {
-        BATON_ASSIGN_OR_RETURN(int32_t alt, compile(alts[i], path + "/anyOf/" + std::to_string(i)));
+        BATON_ASSIGN_OR_RETURN(int32_t alt, compile(alts[i], path + "/anyOf/" + std::to_string(i), depth + 1));
         b_.add_alt(r, {b_.ref(alt)});
       }
       return r;
     }
-    if (s.contains("const")) return literal(s["const"]);
+    if (s.contains("const")) {
+      const int32_t r = literal(s["const"]);
+      BATON_RETURN_IF_ERROR(within_budget(path + "/const"));
+      return r;
+    }
     if (s.contains("enum")) {
       const json& values = s["enum"];
       if (!values.is_array() || values.empty()) return invalid_argument("'enum' at " + where(path) + " must be a non-empty array");
       const int32_t r = b_.declare("enum");
-      for (const json& v : values) b_.add_alt(r, b_.lit(v.dump()));
+      for (const json& v : values) {
+        b_.add_alt(r, b_.lit(v.dump()));
+        BATON_RETURN_IF_ERROR(within_budget(path + "/enum"));
+      }
       return r;
     }
     std::vector<std::string> types;
@@ -225,16 +245,36 @@ class SchemaCompiler {
     } else {
       return any_value();
     }
-    if (types.size() == 1) return typed(s, types[0], path);
+    if (types.size() == 1) return typed(s, types[0], path, depth);
     const int32_t r = b_.declare("types");
     for (const std::string& t : types) {
-      BATON_ASSIGN_OR_RETURN(int32_t alt, typed(s, t, path));
+      BATON_ASSIGN_OR_RETURN(int32_t alt, typed(s, t, path, depth));
       b_.add_alt(r, {b_.ref(alt)});
     }
     return r;
   }
 
   GrammarBuilder& builder() { return b_; }
+  SchemaStats stats() const {
+    return {deepest_, b_.n_elements(), b_.n_rules(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()};
+  }
+
+  // The budget's size and time bounds, checked after each piece of grammar is added.
+  Status within_budget(const std::string& path) const {
+    auto over = [&](const std::string& what) {
+      return invalid_argument("the schema is too large for structured output: its grammar passed " + what +
+                              " at " + where(path));
+    };
+    if (b_.n_elements() > budget_.max_elements) return over(std::to_string(budget_.max_elements) + " elements");
+    if (b_.n_rules() > budget_.max_rules) return over(std::to_string(budget_.max_rules) + " rules");
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() > budget_.max_seconds) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g s", budget_.max_seconds);
+      return over(std::string(seconds) + " of compile time");
+    }
+    return {};
+  }
 
  private:
   static std::string where(const std::string& path) { return path.empty() ? "the schema's root" : path; }
@@ -252,7 +292,7 @@ class SchemaCompiler {
     return static_cast<int>(v.get<int64_t>());
   }
 
-  Result<int32_t> typed(const json& s, const std::string& type, const std::string& path) {
+  Result<int32_t> typed(const json& s, const std::string& type, const std::string& path, int depth) {
     if (type == "string") {
       BATON_ASSIGN_OR_RETURN(int min, count(s, "minLength", path, 0));
       BATON_ASSIGN_OR_RETURN(int max, count(s, "maxLength", path, -1));
@@ -272,18 +312,18 @@ class SchemaCompiler {
         if (s["items"].is_array()) {
           return invalid_argument("'items' at " + where(path) + " is a list (tuple validation), which is not supported");
         }
-        BATON_ASSIGN_OR_RETURN(item, compile(s["items"], path + "/items"));
+        BATON_ASSIGN_OR_RETURN(item, compile(s["items"], path + "/items", depth + 1));
       } else {
         item = any_value();
       }
       return array(item, min, max);
     }
-    if (type == "object") return object(s, path);
+    if (type == "object") return object(s, path, depth);
     return invalid_argument("'type' at " + where(path) + " is \"" + type +
                             "\"; expected object, array, string, number, integer, boolean or null");
   }
 
-  Result<int32_t> object(const json& s, const std::string& path) {
+  Result<int32_t> object(const json& s, const std::string& path, int depth) {
     const json* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
     if (extra != nullptr && !extra->is_boolean() && !extra->is_object()) {
       return invalid_argument("'additionalProperties' at " + where(path) + " must be a boolean or a schema");
@@ -296,7 +336,7 @@ class SchemaCompiler {
         return b_.rule("empty_object", {{b_.byte('{'), b_.ref(ws()), b_.byte('}')}});
       }
       if (extra != nullptr && extra->is_object()) {
-        BATON_ASSIGN_OR_RETURN(int32_t value, compile(*extra, path + "/additionalProperties"));
+        BATON_ASSIGN_OR_RETURN(int32_t value, compile(*extra, path + "/additionalProperties", depth + 1));
         return map_object(value);
       }
       return map_object(any_value());
@@ -319,34 +359,38 @@ class SchemaCompiler {
     std::vector<std::string> names;
     std::vector<int32_t> members;
     for (const auto& [name, sub] : props.items()) {
-      BATON_ASSIGN_OR_RETURN(int32_t value, compile(sub, path + "/properties/" + pointer_token(name)));
+      BATON_ASSIGN_OR_RETURN(int32_t value, compile(sub, path + "/properties/" + pointer_token(name), depth + 1));
       Seq kv = b_.lit(json(name).dump());
       kv.insert(kv.end(), {b_.ref(ws()), b_.byte(':'), b_.ref(ws()), b_.ref(value), b_.ref(ws())});
       names.push_back(name);
       members.push_back(b_.rule("member_" + name, {kv}));
     }
-    const int n = static_cast<int>(names.size());
-    // after[i]: what may follow member i (i = n: before the first): a later member j with no
-    // required member between them, or the end when no required member is left.
-    std::vector<int32_t> after(static_cast<size_t>(n) + 1);
-    for (int i = 0; i <= n; ++i) after[static_cast<size_t>(i)] = b_.declare("after_" + std::to_string(i));
-    for (int i = 0; i <= n; ++i) {
-      const int from = i == n ? 0 : i + 1;
-      const bool first = i == n;
-      bool blocked = false;
-      for (int j = from; j < n && !blocked; ++j) {
-        Seq alt;
-        if (!first) alt = {b_.byte(','), b_.ref(ws())};
-        alt.insert(alt.end(), {b_.ref(members[static_cast<size_t>(j)]), b_.ref(after[static_cast<size_t>(j)])});
-        b_.add_alt(after[static_cast<size_t>(i)], std::move(alt));
-        blocked = required.contains(names[static_cast<size_t>(j)]);
+    // Two chains of rules, linear in the number of properties: first[i] when no member has been
+    // written yet, next[i] after one has (so a comma comes first), each either writing member i
+    // or, when it is optional, passing to i + 1. (Listing at each point every later member that
+    // may come next was quadratic: 20,000 optional properties made 200 million alternatives.)
+    const auto n = static_cast<int32_t>(names.size());
+    const int32_t first0 = b_.n_rules();
+    for (int32_t i = 0; i <= n; ++i) b_.declare("first_" + std::to_string(i));
+    const int32_t next0 = b_.n_rules();
+    for (int32_t i = 0; i <= n; ++i) b_.declare("next_" + std::to_string(i));
+    for (int32_t i = 0; i < n; ++i) {
+      const bool optional = !required.contains(names[static_cast<size_t>(i)]);
+      const int32_t member = members[static_cast<size_t>(i)];
+      b_.add_alt(first0 + i, {b_.ref(member), b_.ref(next0 + i + 1)});
+      b_.add_alt(next0 + i, {b_.byte(','), b_.ref(ws()), b_.ref(member), b_.ref(next0 + i + 1)});
+      if (optional) {
+        b_.add_alt(first0 + i, {b_.ref(first0 + i + 1)});
+        b_.add_alt(next0 + i, {b_.ref(next0 + i + 1)});
       }
-      if (!blocked) b_.add_alt(after[static_cast<size_t>(i)], {});
     }
-    return b_.rule("object", {{b_.byte('{'), b_.ref(ws()), b_.ref(after[static_cast<size_t>(n)]), b_.byte('}')}});
+    b_.add_alt(first0 + n, {});
+    b_.add_alt(next0 + n, {});
+    BATON_RETURN_IF_ERROR(within_budget(path + "/properties"));
+    return b_.rule("object", {{b_.byte('{'), b_.ref(ws()), b_.ref(first0), b_.byte('}')}});
   }
 
-  Result<int32_t> reference(const json& ref, const std::string& path) {
+  Result<int32_t> reference(const json& ref, const std::string& path, int depth) {
     if (!ref.is_string()) return invalid_argument("'$ref' at " + where(path) + " must be a string");
     const std::string target = ref.get<std::string>();
     if (auto it = refs_.find(target); it != refs_.end()) return it->second;
@@ -363,12 +407,15 @@ class SchemaCompiler {
     // Declared before it is compiled, so that a schema may refer to itself.
     const int32_t r = b_.declare("ref " + target);
     refs_.emplace(target, r);
-    BATON_ASSIGN_OR_RETURN(int32_t body, compile(*node, target.substr(1)));
+    BATON_ASSIGN_OR_RETURN(int32_t body, compile(*node, target.substr(1), depth + 1));
     b_.add_alt(r, {b_.ref(body)});
     return r;
   }
 
   const json* root_;
+  const SchemaBudget budget_;
+  const std::chrono::steady_clock::time_point start_;
+  int deepest_ = 0;
   GrammarBuilder b_;
   int32_t ws_ = -1, char_ = -1, integer_ = -1, number_ = -1, any_ = -1;
   std::map<std::pair<int, int>, int32_t> strings_;
@@ -386,12 +433,19 @@ Grammar document(SchemaCompiler& c, int32_t value, std::string_view prefix = {},
 
 }  // namespace
 
-Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix, std::string_view suffix) {
+Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix, std::string_view suffix,
+                                    const SchemaBudget& budget, SchemaStats* stats) {
+  // Deeper JSON is refused before anything walks it (this compiler, dump() and == recurse).
+  BATON_RETURN_IF_ERROR(check_json_bounds(schema, "the JSON schema"));
   json root = json::parse(schema, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return invalid_argument("the JSON schema is not valid JSON");
-  SchemaCompiler c(&root);
-  BATON_ASSIGN_OR_RETURN(int32_t value, c.compile(root, ""));
-  Grammar g = document(c, value, prefix, suffix);
+  SchemaCompiler c(&root, budget);
+  auto value = c.compile(root, "", 0);
+  if (stats != nullptr) *stats = c.stats();
+  BATON_RETURN_IF_ERROR(value.status());
+  Grammar g = document(c, *value, prefix, suffix);
+  if (stats != nullptr) *stats = c.stats();
+  BATON_RETURN_IF_ERROR(c.within_budget("the prefix and suffix"));
   if (!g.productive(g.root)) {
     return invalid_argument("the JSON schema admits no finite value (a $ref that leads back to itself before any value?)");
   }
@@ -400,8 +454,8 @@ Result<Grammar> compile_json_schema(std::string_view schema, std::string_view pr
 
 Grammar json_object_grammar() {
   const json root = json::object();
-  SchemaCompiler c(&root);
-  auto value = c.compile(json{{"type", "object"}}, "");
+  SchemaCompiler c(&root, SchemaBudget{});
+  auto value = c.compile(json{{"type", "object"}}, "", 0);
   return document(c, *value);
 }
 

@@ -26,11 +26,38 @@ namespace baton::grammar {
 // Counted limits above this (maxLength, maxItems) are refused: each count is a grammar rule.
 inline constexpr int kMaxCountedLimit = 1024;
 
+// What compiling one schema may cost. A schema comes with a request, so each bound is checked
+// as the compile goes, and past one the schema is refused (INVALID_ARGUMENT naming the bound and
+// where in the schema it was reached) instead of the compile running on. The frontend compiles a
+// request's schema before anything else sees it, and each worker again with the same budget.
+// The defaults are about 10x the largest real-world schemas measured (bench/RESULTS.md, "Schema
+// budget"); the schema's text is also bounded by common/json_bounds.h.
+struct SchemaBudget {
+  // Subschemas inside one another (properties, items, anyOf, additionalProperties), each $ref
+  // followed counting one more: a chain of 4,500 $refs is 4,500 deep.
+  int max_depth = 128;
+  // The grammar's size: every literal byte and every reference is an element; a rule per
+  // property, per enum, per counted repeat step.
+  int64_t max_elements = 1'000'000;
+  int32_t max_rules = 200'000;
+  // Wall time, checked as it goes.
+  double max_seconds = 1.0;
+};
+
+// What a compile took, against the budget's bounds (bench/schema_bench.cpp measures real schemas).
+struct SchemaStats {
+  int depth = 0;  // the deepest nesting reached, $refs followed included (the root is 0)
+  int64_t elements = 0;
+  int32_t rules = 0;
+  double seconds = 0;
+};
+
 // A grammar for one JSON document (with optional whitespace around it) that validates against
 // `schema` (JSON text). INVALID_ARGUMENT naming the keyword and its location for what the subset
-// does not have, and for malformed schemas.
+// does not have, for malformed schemas, and for a schema over `budget`.
 // `prefix` and `suffix`: literal text the document comes between (a tool call's tags).
-Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix = {}, std::string_view suffix = {});
+Result<Grammar> compile_json_schema(std::string_view schema, std::string_view prefix = {}, std::string_view suffix = {},
+                                    const SchemaBudget& budget = {}, SchemaStats* stats = nullptr);
 
 // A grammar for any JSON object (response_format json_object).
 Grammar json_object_grammar();

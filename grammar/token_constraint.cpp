@@ -70,52 +70,67 @@ TokenConstraint::TokenConstraint(Grammar grammar, std::shared_ptr<const TokenVoc
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
   BATON_CHECK(vocabulary_ != nullptr, "a constraint needs a vocabulary");
   std::lock_guard lock(mu_);
+  bytes_ = grammar_.elements.size() * sizeof(Element) + grammar_.byte_sets.size() * sizeof(ByteSet) +
+           grammar_.rule_starts.size() * (sizeof(std::vector<int32_t>) + 32);
   intern({}, false);  // kDead
   std::vector<int32_t> ready;
   bool complete = false;
   ++expansion_;
-  for (int32_t s : grammar_.rule_starts[static_cast<size_t>(grammar_.root)]) expand(s, -1, 0, &ready, &complete);
-  start_ = intern(std::move(ready), complete);
+  bool whole = true;
+  for (int32_t s : grammar_.rule_starts[static_cast<size_t>(grammar_.root)]) whole = whole && expand(s, -1, &ready, &complete);
+  start_ = whole ? intern(std::move(ready), complete) : kDead;
 }
 
 int32_t TokenConstraint::node(int32_t pos, int32_t parent) {
   const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent + 1);
-  auto [it, fresh] = node_ids_.try_emplace(key, static_cast<int32_t>(nodes_.size()));
-  if (fresh) {
-    nodes_.emplace_back(pos, parent);
-    visited_.push_back(0);
+  if (const auto it = node_ids_.find(key); it != node_ids_.end()) return it->second;
+  if (bytes_ + kNodeBytes > kMaxBytes) {
+    exhausted_ = true;
+    return -2;
   }
-  return it->second;
+  bytes_ += kNodeBytes;
+  const auto id = static_cast<int32_t>(nodes_.size());
+  node_ids_.emplace(key, id);
+  nodes_.emplace_back(pos, parent);
+  visited_.push_back(0);
+  return id;
 }
 
-void TokenConstraint::expand(int32_t pos, int32_t parent, int depth, std::vector<int32_t>* ready, bool* complete) {
-  // Depth counts references followed without reading a byte; only left recursion goes deep.
-  BATON_CHECK(depth < 4096, "grammar is left-recursive at %d", pos);
-  const int32_t at = node(pos, parent);
-  if (visited_[static_cast<size_t>(at)] == expansion_) return;
-  visited_[static_cast<size_t>(at)] = expansion_;
-  const Element& e = grammar_.elements[static_cast<size_t>(pos)];
-  switch (e.kind) {
-    case Element::Kind::kBytes:
-      ready->push_back(at);
-      return;
-    case Element::Kind::kEnd:
-      if (parent < 0) {
-        *complete = true;
-      } else {
-        const auto [ret_pos, ret_parent] = nodes_[static_cast<size_t>(parent)];
-        expand(ret_pos, ret_parent, depth + 1, ready, complete);
+bool TokenConstraint::expand(int32_t pos, int32_t parent, std::vector<int32_t>* ready, bool* complete) {
+  // Depth-first by an explicit stack: how deep references nest without a byte read follows the
+  // schema (a chain of 4,500 $refs, thousands of optional properties passed over), so recursion
+  // here overflowed or had to abort. A left-recursive grammar makes new stack nodes without end;
+  // the memory budget stops it, and the expansion is then dead.
+  std::vector<std::pair<int32_t, int32_t>> todo{{pos, parent}};
+  while (!todo.empty()) {
+    const auto [p, par] = todo.back();
+    todo.pop_back();
+    const int32_t at = node(p, par);
+    if (at < 0) return false;
+    if (visited_[static_cast<size_t>(at)] == expansion_) continue;
+    visited_[static_cast<size_t>(at)] = expansion_;
+    const Element& e = grammar_.elements[static_cast<size_t>(p)];
+    switch (e.kind) {
+      case Element::Kind::kBytes: ready->push_back(at); break;
+      case Element::Kind::kEnd:
+        if (par < 0) {
+          *complete = true;
+        } else {
+          todo.push_back(nodes_[static_cast<size_t>(par)]);
+        }
+        break;
+      case Element::Kind::kRule: {
+        // A reference that ends its alternative returns straight to the parent (a tail call), so
+        // a right-recursive repetition keeps one stack depth however many times it repeats.
+        const bool tail = grammar_.elements[static_cast<size_t>(p) + 1].kind == Element::Kind::kEnd;
+        const int32_t ret = tail ? par : node(p + 1, par);
+        if (ret < -1) return false;
+        for (int32_t start : grammar_.rule_starts[static_cast<size_t>(e.arg)]) todo.emplace_back(start, ret);
+        break;
       }
-      return;
-    case Element::Kind::kRule: {
-      // A reference that ends its alternative returns straight to the parent (a tail call), so
-      // a right-recursive repetition keeps one stack depth however many times it repeats.
-      const bool tail = grammar_.elements[static_cast<size_t>(pos) + 1].kind == Element::Kind::kEnd;
-      const int32_t ret = tail ? parent : node(pos + 1, parent);
-      for (int32_t s : grammar_.rule_starts[static_cast<size_t>(e.arg)]) expand(s, ret, depth + 1, ready, complete);
-      return;
     }
   }
+  return true;
 }
 
 TokenConstraint::State TokenConstraint::intern(std::vector<int32_t> stacks, bool complete) {
@@ -125,7 +140,12 @@ TokenConstraint::State TokenConstraint::intern(std::vector<int32_t> stacks, bool
   auto key = std::make_pair(std::move(stacks), complete);
   auto it = state_ids_.find(key);
   if (it != state_ids_.end()) return it->second;
-  if (static_cast<int32_t>(states_.size()) >= kMaxStates) return kDead;
+  const size_t cost = sizeof(StateInfo) + 2 * key.first.size() * sizeof(int32_t) + 64;
+  if (static_cast<int32_t>(states_.size()) >= kMaxStates || bytes_ + cost > kMaxBytes) {
+    exhausted_ = true;
+    return kDead;
+  }
+  bytes_ += cost;
   const auto id = static_cast<State>(states_.size());
   StateInfo info;
   info.stacks = key.first;
@@ -139,20 +159,29 @@ TokenConstraint::State TokenConstraint::step(State state, uint8_t byte) {
   if (state == kDead) return kDead;
   StateInfo* info = &states_[static_cast<size_t>(state)];
   if (!info->next) {
+    if (bytes_ + sizeof(std::array<State, 256>) > kMaxBytes) {
+      exhausted_ = true;
+      return kDead;
+    }
+    bytes_ += sizeof(std::array<State, 256>);
     info->next = std::make_unique<std::array<State, 256>>();
     info->next->fill(-1);
   }
   State& cached = (*info->next)[byte];
   if (cached >= 0) return cached;
   std::vector<int32_t> ready;
-  bool complete = false;
+  bool complete = false, whole = true;
   ++expansion_;
   for (int32_t n : info->stacks) {
     const auto [pos, parent] = nodes_[static_cast<size_t>(n)];
     const Element& e = grammar_.elements[static_cast<size_t>(pos)];
-    if (grammar_.byte_sets[static_cast<size_t>(e.arg)].test(byte)) expand(pos + 1, parent, 0, &ready, &complete);
+    if (grammar_.byte_sets[static_cast<size_t>(e.arg)].test(byte) && !expand(pos + 1, parent, &ready, &complete)) {
+      whole = false;
+      break;
+    }
   }
-  const State next = intern(std::move(ready), complete);
+  // An expansion the memory budget cut short is dead (the budget only fills, so it stays dead).
+  const State next = whole ? intern(std::move(ready), complete) : kDead;
   // intern may have grown states_: the row is reached through the index again.
   (*states_[static_cast<size_t>(state)].next)[byte] = next;
   return next;
@@ -208,6 +237,7 @@ void TokenConstraint::compute_mask(State state) {
       if (cn.n_edges > 0) todo.emplace_back(child, next);
     }
   }
+  bytes_ += mask.size() * sizeof(uint32_t);
   states_[static_cast<size_t>(state)].mask = std::move(mask);
   ++n_masks_;
 }
@@ -227,6 +257,16 @@ int32_t TokenConstraint::n_states() {
 int32_t TokenConstraint::n_masks() {
   std::lock_guard lock(mu_);
   return n_masks_;
+}
+
+bool TokenConstraint::exhausted() {
+  std::lock_guard lock(mu_);
+  return exhausted_;
+}
+
+size_t TokenConstraint::bytes() {
+  std::lock_guard lock(mu_);
+  return bytes_;
 }
 
 }  // namespace baton::grammar

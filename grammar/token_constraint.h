@@ -64,9 +64,13 @@ class TokenConstraint {
  public:
   using State = int32_t;
   static constexpr State kDead = 0;  // no continuation: the bytes so far leave the grammar
-  // Distinct states kept at most (each holds a 1 KiB transition row, and a mask once asked for);
-  // past it, new states are dead. A schema reaches it only by nesting thousands of levels deep.
+  // Distinct states kept at most (each holds a 1 KiB transition row, and a mask once asked for),
+  // and the memory all of the automaton may take (states, their stacks, rows and masks, stack
+  // nodes). Past either, new states are dead: an output that needs one ends there. A real schema
+  // comes nowhere near (bench/RESULTS.md, "Schema budget"); a schema with tens of thousands of
+  // optional properties, or output nested thousands of levels deep, does.
   static constexpr int32_t kMaxStates = 1 << 16;
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
 
   TokenConstraint(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocabulary);
   TokenConstraint(const TokenConstraint&) = delete;
@@ -87,6 +91,11 @@ class TokenConstraint {
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
   int32_t n_states();
   int32_t n_masks();
+  // Whether the memory bound (or kMaxStates) has been reached: some transition was made dead for
+  // want of room. The start state of a grammar too large to begin with is dead.
+  bool exhausted();
+  // The memory the automaton holds (estimated as the budget counts it), the grammar included.
+  size_t bytes();
 
  private:
   struct StateInfo {
@@ -99,8 +108,11 @@ class TokenConstraint {
     size_t operator()(const std::pair<std::vector<int32_t>, bool>& k) const;
   };
 
+  // The stack node for (pos, parent), made when new; -2 when the memory budget is spent.
   int32_t node(int32_t pos, int32_t parent);
-  void expand(int32_t pos, int32_t parent, int depth, std::vector<int32_t>* ready, bool* complete);
+  // Adds to `ready` the stacks reached from (pos, parent) before the next byte; false when the
+  // memory budget ran out on the way (the caller then treats the whole step as dead).
+  bool expand(int32_t pos, int32_t parent, std::vector<int32_t>* ready, bool* complete);
   State intern(std::vector<int32_t> stacks, bool complete);
   State step(State state, uint8_t byte);  // mu_ held
   void compute_mask(State state);         // mu_ held
@@ -117,6 +129,10 @@ class TokenConstraint {
   std::unordered_map<std::pair<std::vector<int32_t>, bool>, State, StateKey> state_ids_;
   State start_ = kDead;
   int32_t n_masks_ = 0;
+  // Memory held (estimated), and whether the budget has cut anything short.
+  static constexpr size_t kNodeBytes = 64;
+  size_t bytes_ = 0;
+  bool exhausted_ = false;
 };
 
 }  // namespace baton::grammar

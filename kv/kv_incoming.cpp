@@ -28,12 +28,19 @@ const std::string& KvIncoming::request_id() const {
 Status KvIncoming::begin(const KvTransferHeader& h) {
   if (begun_) return invalid_argument("a second KV header in one transfer");
   if (h.request_id.empty()) return invalid_argument("the KV header has no request_id");
-  if (dtype_bytes(h.dtype) == 0)
-    return invalid_argument("the KV header's dtype '" + h.dtype + "' is not f32, bf16 or f16");
+  BATON_RETURN_IF_ERROR(check_length(h.request_id, "the KV header's request_id"));
+  BATON_RETURN_IF_ERROR(check_length(h.model_fingerprint, "the KV header's model_fingerprint"));
+  if (dtype_bytes(h.dtype) == 0) {
+    return invalid_argument("the KV header's dtype " + quote_input(h.dtype) + " is not f32, bf16 or f16");
+  }
   if (h.n_layers <= 0 || h.n_kv_heads <= 0 || h.head_dim <= 0 || h.n_tokens <= 0) {
     return invalid_argument("the KV header's shape is not positive: n_layers " + std::to_string(h.n_layers) +
                             ", n_kv_heads " + std::to_string(h.n_kv_heads) + ", head_dim " +
                             std::to_string(h.head_dim) + ", n_tokens " + std::to_string(h.n_tokens));
+  }
+  if (h.n_layers > kMaxKvLayers) {
+    return invalid_argument("the KV header's n_layers " + std::to_string(h.n_layers) + " is over the limit of " +
+                            std::to_string(kMaxKvLayers));
   }
   if (kv_chunk_bytes(h, 1) > kMaxKvChunkBytes) {
     return invalid_argument("one token's K of the KV header's shape exceeds the chunk limit of " +
@@ -43,14 +50,15 @@ Status KvIncoming::begin(const KvTransferHeader& h) {
     return invalid_argument("the KV header lists " + std::to_string(h.token_ids.size()) + " token ids for n_tokens " +
                             std::to_string(h.n_tokens));
   }
-  header_ = h;
-  begun_ = true;
-  next_token_.assign(h.n_layers, 0);
   // The header decides, once, who takes this transfer: a probe never reaches the engine.
   if (h.probe && probe_ == nullptr) return failed_precondition("this decode worker takes no KV probes");
+  header_ = h;
   KvReceiver& receiver = h.probe ? *probe_ : engine_;
+  // The receiver checks the shape against its model first; only then is anything sized by it.
   BATON_RETURN_IF_ERROR(receiver.kv_begin(header_));
   receiver_ = &receiver;
+  begun_ = true;
+  next_token_.assign(static_cast<size_t>(h.n_layers), 0);
   return {};
 }
 

@@ -2,8 +2,10 @@
 // one KvIncoming per transfer makes every check a receiver needs and calls the KvReceiver (the
 // decode engine, or the probe sink) in order. A transport reads its wire format and drives it:
 //
-//   begin(header)      the header's shape is sane                                 INVALID_ARGUMENT
-//                      chooses the receiver (a probe never reaches the engine), then kv_begin
+//   begin(header)      the header's shape is sane (at most kMaxKvLayers layers, one token's
+//                      K within kMaxKvChunkBytes)                                 INVALID_ARGUMENT
+//                      chooses the receiver (a probe never reaches the engine), then kv_begin;
+//                      only after it is anything sized by the header
 //   check_chunk(desc)  layer within the header, token range next in its layer and inside
 //                      n_tokens, K and V of exactly kv_chunk_bytes(header, token_count) each and
 //                      at most kMaxKvChunkBytes                                   INVALID_ARGUMENT
@@ -67,7 +69,7 @@ class KvIncoming {
   KvReceiver* receiver_ = nullptr;  // set once its kv_begin succeeded
   bool settled_ = false;            // kv_end succeeded, or kv_abort was called
   KvTransferHeader header_;
-  bool begun_ = false;  // the header passed its checks
+  bool begun_ = false;  // the header passed its checks and its receiver's kv_begin
   std::vector<int32_t> next_token_;  // per layer: the next token its chunks must start at
   int64_t bytes_ = 0;
 };

@@ -1,6 +1,7 @@
 #include "kv/kv_transfer.h"
 
 #include <cstring>
+#include <limits>
 
 namespace baton {
 
@@ -21,8 +22,14 @@ uint64_t kv_checksum(const std::string& k, const std::string& v) {
 }
 
 int64_t kv_chunk_bytes(const KvTransferHeader& h, int32_t n_tokens) {
-  const int64_t elem = h.dtype == "f32" ? 4 : 2;
-  return static_cast<int64_t>(n_tokens) * h.n_kv_heads * h.head_dim * elem;
+  // Saturating: the header's fields come off the wire, and a product that wrapped could pass the
+  // size checks it is compared with.
+  int64_t bytes = h.dtype == "f32" ? 4 : 2;
+  for (const int64_t f : {static_cast<int64_t>(n_tokens), static_cast<int64_t>(h.n_kv_heads), static_cast<int64_t>(h.head_dim)}) {
+    if (f < 0) return -1;
+    if (__builtin_mul_overflow(bytes, f, &bytes)) return std::numeric_limits<int64_t>::max();
+  }
+  return bytes;
 }
 
 }  // namespace baton

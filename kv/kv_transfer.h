@@ -48,6 +48,9 @@ uint64_t kv_checksum(const std::string& k, const std::string& v);
 int64_t kv_chunk_bytes(const KvTransferHeader& h, int32_t n_tokens);
 // Largest chunk a receiver accepts before allocating (bounds a lying sender).
 constexpr int64_t kMaxKvChunkBytes = int64_t{256} << 20;
+// Most layers a KV header may announce, checked before anything is sized by it (the deepest
+// models have a few hundred).
+constexpr int32_t kMaxKvLayers = 4096;
 
 // The receiving side (the decode engine, the probe sink implement it), only ever driven through a
 // KvIncoming (kv/kv_incoming.h), which has checked the stream first. Contract: begin() once, then

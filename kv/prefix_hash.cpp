@@ -107,6 +107,14 @@ uint64_t prefix_hash_seed(std::string_view model_fingerprint, std::string_view k
   return xxh64(s.data(), s.size(), 0);
 }
 
+uint64_t prefix_hash_scoped_seed(uint64_t seed, std::string_view scope) {
+  if (scope.empty()) return seed;
+  std::string s = "baton scope v1";
+  s.push_back('\0');
+  s.append(scope);
+  return xxh64(s.data(), s.size(), seed);
+}
+
 uint64_t prefix_block_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
   // Block sizes are small (16 by default): one buffer on the stack for the common ones.
   unsigned char stack[8 + 4 * 64];

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounds.h"
 #include "model/gguf.h"
 
 namespace baton {
@@ -109,7 +110,8 @@ jinja::Value from_json(const nlohmann::ordered_json& j) {
   }
 }
 
-// Text that should be JSON (validated where it came in); a value that is not stays a string.
+// Text that should be JSON (validated where it came in, and its depth by render); a value that is
+// not stays a string.
 jinja::Value from_json_text(std::string_view text) {
   auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   return j.is_discarded() ? jinja::Value(std::string(text)) : from_json(j);
@@ -195,6 +197,15 @@ Result<ChatTemplate> ChatTemplate::from_flag(std::string_view value, ChatTemplat
 Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                          std::string_view tools_json) const {
   if (messages.empty()) return invalid_argument("there are no messages to render");  // as transformers refuses
+  // The JSON the template is given as values is walked recursively: bounded here for every caller.
+  BATON_RETURN_IF_ERROR(check_json_bounds(tools_json, "tools"));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    for (size_t c = 0; c < messages[i].tool_calls.size(); ++c) {
+      BATON_RETURN_IF_ERROR(check_json_bounds(messages[i].tool_calls[c].arguments, "messages[" + std::to_string(i) +
+                                                                                      "].tool_calls[" + std::to_string(c) +
+                                                                                      "].function.arguments"));
+    }
+  }
   auto text = template_.render(globals(messages, add_generation_prompt, tokens_, tools_json));
   if (!text.ok() && text.status().code() == StatusCode::kFailedPrecondition) {
     return invalid_argument("the chat template refuses these messages: " + text.status().message());

@@ -32,9 +32,12 @@ Status OutputConstraints::resolve(SamplingParams* params) {
   params->constraint.reset();
   if (params->format.kind == OutputFormat::Kind::kText) return {};
   const OutputFormat& f = params->format;
-  // Lengths first: the parts cannot run into one another.
+  // Lengths first: the parts cannot run into one another. The tenant scope is part of the key: a
+  // client fills only its own scope's automaton (each has a memory bound, past which its outputs
+  // end), never another tenant's.
   const std::string key = std::to_string(static_cast<int>(f.kind)) + ":" + std::to_string(f.prefix.size()) + ":" +
-                          std::to_string(f.suffix.size()) + ":" + f.prefix + f.suffix + f.schema;
+                          std::to_string(f.suffix.size()) + ":" + std::to_string(params->cache_scope.size()) + ":" +
+                          params->cache_scope + f.prefix + f.suffix + f.schema;
   {
     std::lock_guard lock(mu_);
     for (auto it = cached_.begin(); it != cached_.end(); ++it) {
@@ -48,9 +51,21 @@ Status OutputConstraints::resolve(SamplingParams* params) {
   // Compiled outside the lock: a large schema does not hold up requests whose schema is kept.
   BATON_ASSIGN_OR_RETURN(grammar::Grammar g, compile(params->format));
   auto constraint = std::make_shared<grammar::TokenConstraint>(std::move(g), vocabulary_);
+  if (constraint->exhausted()) {
+    return invalid_argument("the schema is too large for structured output: its automaton's start state needs more "
+                            "than " + std::to_string(grammar::TokenConstraint::kMaxBytes >> 20) + " MiB");
+  }
   std::lock_guard lock(mu_);
   cached_.emplace_front(key, constraint);
-  if (cached_.size() > kCached) cached_.pop_back();
+  // The most recent ones that fit both bounds are kept (the new one always). The automata grow as
+  // they are used, so their sizes are summed again at each new one.
+  size_t bytes = 0, n = 0;
+  auto it = cached_.begin();
+  for (; it != cached_.end(); ++it, ++n) {
+    bytes += it->second->bytes();
+    if (n > 0 && (bytes > kCachedBytes || n >= kCached)) break;
+  }
+  cached_.erase(it, cached_.end());
   params->constraint = std::move(constraint);
   return {};
 }

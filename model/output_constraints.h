@@ -1,5 +1,6 @@
 // Structured output on a worker: response formats compiled against this model's vocabulary,
-// kept so that requests with the same schema share one constraint (its states and masks).
+// kept so that requests with the same schema and the same tenant scope (SamplingParams::cache_scope)
+// share one constraint (its states and masks).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,10 @@ Status validate_output_format(const OutputFormat& format);
 class OutputConstraints {
  public:
   // Constraints kept (least recently used dropped first; a dropped one lives on in the requests
-  // that hold it).
+  // that hold it), at most kCached of them and kCachedBytes of their automata in all (a distinct
+  // large schema per request otherwise grew a worker by its automaton every time).
   static constexpr size_t kCached = 64;
+  static constexpr size_t kCachedBytes = size_t{256} << 20;
 
   // `n_vocab`: the model's logits per row (masks cover that many; ids past the tokenizer's are
   // never allowed). Control, unknown and unused tokens are never allowed; the tokenizer's stop

@@ -67,7 +67,8 @@ Status SafetensorsFile::parse_header() {
   const uint64_t body = size_ - base;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    const auto bad = [&](const std::string& why) { return invalid_argument("tensor '" + name + "': " + why); };
+    const std::string& tensor = name;  // (clang 14 cannot capture a structured binding)
+    const auto bad = [&](const std::string& why) { return invalid_argument("tensor '" + tensor + "': " + why); };
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
       return bad("needs dtype, shape and data_offsets");
     }

@@ -46,6 +46,11 @@ struct SamplingParams {
   // >= 0: every token comes with its log-probability and this many alternatives' (<= 20).
   int top_logprobs = -1;
   OutputFormat format = {};
+  // The tenant scope of what requests share on a worker: the prefix cache (kv/prefix_hash.h,
+  // prefix_hash_scoped_seed) and structured output's automata (OutputConstraints). Set by the
+  // frontend only (RequestBuilder: from the API key and the request's cache_salt); empty: shared
+  // with every request that has none.
+  std::string cache_scope = {};
   // `format` compiled against the worker's vocabulary (OutputConstraints::resolve, at admission);
   // null for plain text. Not sent anywhere: each worker resolves its own.
   std::shared_ptr<grammar::TokenConstraint> constraint = nullptr;

@@ -2,12 +2,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounds.h"
 #include "model/output_constraints.h"
 
 namespace baton {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+// Generated JSON (which a prompt can steer) nested deeper than this, or with an object wider than
+// kMaxJsonObjectMembers, stays text: a call's arguments are copied and dumped again, which recurses
+// per level, and ordered_json parses wide objects in quadratic time.
+constexpr int kMaxCallDepth = 256;
 
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
 // Mistral (v0.3 and later templates): "[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]".
@@ -35,34 +41,9 @@ bool read_call(const Json& j, ToolCall* call) {
 }
 
 bool read_call(std::string_view text, ToolCall* call) {
+  if (!check_json_bounds(text, "", kMaxCallDepth).ok()) return false;
   const Json j = Json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
   return !j.is_discarded() && read_call(j, call);
-}
-
-// Where the JSON array or object that opens `text` ends (one past its closing bracket), or npos
-// when it does not close. Brackets inside strings do not count.
-size_t json_value_end(std::string_view text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if ((c == ']' || c == '}') && --depth == 0) {
-      return i + 1;
-    }
-  }
-  return std::string_view::npos;
 }
 
 // Mistral: each "[TOOL_CALLS]" followed by a JSON list of calls (or one call) is read; a list
@@ -75,7 +56,7 @@ void parse_mistral(std::string_view text, ToolOutput* out) {
     const size_t open = text.find_first_not_of(" \t\r\n", marker + kMistralCalls.size());
     if (open == std::string_view::npos || (text[open] != '[' && text[open] != '{')) break;
     const size_t end = json_value_end(text.substr(open));
-    if (end == std::string_view::npos) break;
+    if (end == std::string_view::npos || !check_json_bounds(text.substr(open, end), "", kMaxCallDepth).ok()) break;
     const Json j = Json::parse(text.substr(open, end), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) break;
     std::vector<ToolCall> calls;
@@ -106,6 +87,7 @@ std::string_view call_marker(ToolCallSyntax syntax) {
 }  // namespace
 
 Result<OutputFormat> forced_tool_call_format(ToolCallSyntax syntax, std::string_view tools_json, const std::string& name) {
+  BATON_RETURN_IF_ERROR(check_json_bounds(tools_json, "tools"));
   const Json tools = Json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
   if (tools.is_discarded() || !tools.is_array()) return invalid_argument("tools must be an array");
   const char* args_key = syntax == ToolCallSyntax::kJson ? "parameters" : "arguments";

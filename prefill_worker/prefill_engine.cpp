@@ -124,7 +124,10 @@ Status PrefillEngine::submit(PrefillJob spec) {
 
   auto job = std::make_shared<Job>();
   job->spec = std::move(spec);
-  if (blocks_.enabled()) job->hashes = prefix_block_hashes(hash_seed_, config_.block_size, job->spec.tokens);
+  if (blocks_.enabled()) {
+    job->hashes = prefix_block_hashes(prefix_hash_scoped_seed(hash_seed_, job->spec.sampling.cache_scope),
+                                      config_.block_size, job->spec.tokens);
+  }
   job->submitted = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -49,6 +49,9 @@ PrefillConfig resolve_prefill_config(PrefillConfig c, const ModelConfig& model) 
 
 Status PrefillJob::validate_against(const ModelConfig& model) const {
   if (request_id.empty()) return invalid_argument("request_id is empty");
+  BATON_RETURN_IF_ERROR(check_length(request_id, "request_id"));
+  BATON_RETURN_IF_ERROR(check_length(decode_address, "decode_address"));
+  BATON_RETURN_IF_ERROR(check_length(model_fingerprint, "model_fingerprint"));
   const int64_t n_prompt = static_cast<int64_t>(tokens.size()) - n_generated;
   if (n_generated < 0 || n_prompt < 1) {
     return invalid_argument("prompt_token_ids is empty (" + std::to_string(tokens.size()) + " tokens, " +

@@ -22,6 +22,7 @@ SamplingParams sampling_from_proto(const v1::SamplingParams& p) {
   s.format.schema = p.response_format().json_schema();
   s.format.prefix = p.response_format().prefix();
   s.format.suffix = p.response_format().suffix();
+  s.cache_scope = p.cache_scope();
   return s;
 }
 
@@ -40,6 +41,7 @@ void sampling_to_proto(const SamplingParams& s, v1::SamplingParams* p) {
     p->mutable_response_format()->set_prefix(s.format.prefix);
     p->mutable_response_format()->set_suffix(s.format.suffix);
   }
+  if (!s.cache_scope.empty()) p->set_cache_scope(s.cache_scope);
 }
 
 void logprob_to_proto(int32_t token, const TokenLogprobs& lp, v1::TokenLogprob* p) {

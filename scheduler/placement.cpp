@@ -61,17 +61,19 @@ std::optional<std::string> DecodePlacement::pick(std::span<const WorkerSnapshot>
   return best->address;
 }
 
-std::vector<uint64_t> prefix_routing_hashes(const WorkerSnapshot& w, std::span<const int32_t> tokens) {
+std::vector<uint64_t> prefix_routing_hashes(const WorkerSnapshot& w, std::span<const int32_t> tokens,
+                                            std::string_view scope) {
   if (w.load.prefix_cache_blocks <= 0 || w.load.block_size <= 0 || tokens.empty()) return {};
   const size_t reusable = (tokens.size() - 1) / static_cast<size_t>(w.load.block_size);
-  return prefix_block_hashes(w.load.prefix_hash_seed, w.load.block_size, tokens, reusable);
+  return prefix_block_hashes(prefix_hash_scoped_seed(w.load.prefix_hash_seed, scope), w.load.block_size, tokens,
+                             reusable);
 }
 
 int64_t expected_cached_tokens(const WorkerSnapshot& w, std::span<const int32_t> tokens,
-                               const std::vector<uint64_t>* hashes) {
+                               const std::vector<uint64_t>* hashes, std::string_view scope) {
   std::vector<uint64_t> own;
   if (hashes == nullptr) {
-    own = prefix_routing_hashes(w, tokens);
+    own = prefix_routing_hashes(w, tokens, scope);
     hashes = &own;
   }
   if (hashes->empty()) return 0;
@@ -112,7 +114,8 @@ std::optional<std::string> PrefillPlacement::pick(std::span<const WorkerSnapshot
         return h.seed == w.load.prefix_hash_seed && h.block_size == w.load.block_size;
       });
       if (it == hashed.end()) {
-        hashed.push_back({w.load.prefix_hash_seed, w.load.block_size, prefix_routing_hashes(w, request.tokens)});
+        hashed.push_back(
+            {w.load.prefix_hash_seed, w.load.block_size, prefix_routing_hashes(w, request.tokens, request.cache_scope)});
         it = std::prev(hashed.end());
       }
       cached = expected_cached_tokens(w, request.tokens, &it->hashes);

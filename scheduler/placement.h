@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/worker_registry.h"
@@ -21,6 +22,7 @@ struct PlacementRequest {
   int64_t n_prompt_tokens = 0;  // tokens to prefill
   int64_t n_total_tokens = 0;   // prompt + max new tokens: the KV positions decode must hold
   std::span<const int32_t> tokens;  // the n_prompt_tokens tokens (empty: unknown, no prefix routing)
+  std::string_view cache_scope = {};  // the tenant scope their blocks are hashed in (kv/prefix_hash.h)
 };
 
 class PlacementPolicy {
@@ -55,11 +57,14 @@ class DecodePlacement final : public PlacementPolicy {
 // it since shares; never the block holding the last token (a prefill worker always computes it).
 // 0 when `w` has no prefix cache or `tokens` is empty. `hashes`, when given, are the prompt's
 // block hashes for w's root and block size (prefix_routing_hashes), computed once by the caller.
+// `scope`: the request's tenant scope (SamplingParams::cache_scope).
 int64_t expected_cached_tokens(const WorkerSnapshot& w, std::span<const int32_t> tokens,
-                               const std::vector<uint64_t>* hashes = nullptr);
+                               const std::vector<uint64_t>* hashes = nullptr, std::string_view scope = {});
 // The block hashes expected_cached_tokens looks up on `w`: those of the blocks a prefill worker
-// may reuse (all but the one holding the last token). Empty when `w` has no prefix cache.
-std::vector<uint64_t> prefix_routing_hashes(const WorkerSnapshot& w, std::span<const int32_t> tokens);
+// may reuse (all but the one holding the last token), from w's root scoped to `scope`. Empty
+// when `w` has no prefix cache.
+std::vector<uint64_t> prefix_routing_hashes(const WorkerSnapshot& w, std::span<const int32_t> tokens,
+                                            std::string_view scope = {});
 
 // Prefill: among placeable workers, the one where the prompt's first token should come soonest,
 // by an estimate in prompt tokens:

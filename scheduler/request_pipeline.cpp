@@ -57,13 +57,6 @@ const char* pipeline_state_name(PipelineState state) {
   return "?";
 }
 
-std::string random_request_id() {
-  std::random_device rd;
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-  return buf;
-}
-
 // The pipeline's mutex, and the scheduler calls (which may call back into this or another
 // pipeline) to make once it is released.
 class RequestPipeline::Guard {
@@ -177,6 +170,14 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   auto tokens = std::make_shared<std::vector<int32_t>>(req_.prompt_ids);
   tokens->insert(tokens->end(), emitted_.begin(), emitted_.end());
   pending.tokens = std::move(tokens);
+  pending.cache_scope = req_.sampling.cache_scope;
+  // A leader not yet published counts its prompt's other choices, which will fork its KV without
+  // passing the scheduler: against the request bound, and their tokens in the decode KV it needs
+  // (the prompt's blocks are shared).
+  if (is_leader() && !group_published_) {
+    pending.n_followers = req_.group->n_choices() - 1;
+    pending.n_total_tokens += int64_t{pending.n_followers} * req_.max_tokens;
+  }
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
     const Status s = scheduler->submit(

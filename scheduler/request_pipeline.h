@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "common/random_id.h"
 #include "model/sampler.h"
 #include "scheduler/choice_group.h"
 #include "scheduler/clock.h"
@@ -244,8 +245,5 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   bool prefill_sent_marked_ = false;
   bool group_published_ = false;  // leader: the followers were told
 };
-
-// 32 hex digits from the operating system's random source (128 bits).
-std::string random_request_id();
 
 }  // namespace baton

@@ -139,10 +139,17 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
   {
     std::unique_lock lock(mu_);
     if (requests_.count(req.id) != 0) return invalid_argument("request id " + req.id + " is already in use");
-    if (static_cast<int64_t>(requests_.size()) >= config_.max_requests) {
-      return resource_exhausted("server is at its request bound: " + std::to_string(requests_.size()) +
-                                " requests in flight (max_requests = " + std::to_string(config_.max_requests) +
-                                "); retry with backoff");
+    const int64_t weight = 1 + std::max(req.n_followers, 0);
+    if (weight > config_.max_requests) {
+      return invalid_argument("request " + req.id + " asks for " + std::to_string(weight) +
+                              " choices; the server admits at most " + std::to_string(config_.max_requests) +
+                              " requests and choices at once (--max-requests)");
+    }
+    if (admitted_weight_ + weight > config_.max_requests) {
+      return resource_exhausted("server is at its request bound: " + std::to_string(admitted_weight_) +
+                                " requests and choices in flight" +
+                                (weight > 1 ? " + this request's " + std::to_string(weight) + " choices" : std::string()) +
+                                " (max_requests = " + std::to_string(config_.max_requests) + "); retry with backoff");
     }
     if (queued_prompt_tokens_ + req.n_prompt_tokens > config_.max_queued_prompt_tokens) {
       return resource_exhausted("server is at its queued prompt token bound: " + std::to_string(queued_prompt_tokens_) +
@@ -163,6 +170,7 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
     e.on_placed = std::move(on_placed);
     e.on_failed = std::move(on_failed);
     queued_prompt_tokens_ += req.n_prompt_tokens;
+    admitted_weight_ += weight;
     e.req = std::move(req);
     queue_.insert(key_of(e));
     const std::string id = e.req.id;
@@ -272,7 +280,7 @@ int32_t Scheduler::n_queued() const {
 
 int32_t Scheduler::n_admitted() const {
   std::lock_guard lock(mu_);
-  return static_cast<int32_t>(requests_.size());
+  return static_cast<int32_t>(admitted_weight_);
 }
 
 int64_t Scheduler::queued_prompt_tokens() const {
@@ -378,6 +386,7 @@ void Scheduler::fail_queued_locked(const std::string& id, Status status, Actions
   queue_.erase(key_of(e));
   queued_prompt_tokens_ -= e.req.n_prompt_tokens;
   actions.push_back([fn = std::move(e.on_failed), status = std::move(status)] { fn(status); });
+  admitted_weight_ -= 1 + std::max(e.req.n_followers, 0);
   requests_.erase(it);
 }
 
@@ -393,6 +402,7 @@ void Scheduler::release_placed_locked(const std::string& id, TimePoint now) {
     registry_.remove_prefill_tokens(e.placement.prefill_address, id);
     registry_.remove_prefill_prefix(e.placement.prefill_address, id);
   }
+  admitted_weight_ -= 1 + std::max(e.req.n_followers, 0);
   requests_.erase(it);
 }
 

@@ -84,8 +84,9 @@ namespace baton {
 enum class PrefillChoice { kStatic, kAdaptive };
 
 struct SchedulerConfig {
-  // Requests admitted (queued or placed) and not yet finished. One more is refused with
-  // RESOURCE_EXHAUSTED. >= 1.
+  // Requests admitted (queued or placed) and not yet finished, each counted with the choices that
+  // will fork its KV (PendingRequest::n_followers). One more is refused with RESOURCE_EXHAUSTED.
+  // >= 1.
   int32_t max_requests = 256;
   // Prompt tokens of admitted requests not yet placed. A request that would go over is refused
   // with RESOURCE_EXHAUSTED; a single prompt longer than this can never be admitted and is
@@ -136,16 +137,23 @@ struct PendingRequest {
   // Workers this request should not be placed on (a failover's attempt avoids those that just
   // failed it) while any other placeable worker of the role fits it.
   std::vector<std::string> avoid_decode, avoid_prefill;
-  // The n_prompt_tokens tokens, for prefix-aware prefill routing (null: route by queue alone).
+  // The n_prompt_tokens tokens, for prefix-aware prefill routing (null: route by queue alone),
+  // and the tenant scope their blocks are hashed in (SamplingParams::cache_scope).
   std::shared_ptr<const std::vector<int32_t>> tokens;
+  std::string cache_scope;
   // The client's own TTFT target in seconds (0: the server's); the tighter of the two applies.
   double ttft_slo_seconds = 0;
+  // The other choices of its prompt that will fork its KV on the decode worker (an n-choice
+  // request's leader, first attempt: n - 1). They never pass through the scheduler themselves, so
+  // they count here: against max_requests while this request is admitted, and in the decode KV
+  // it needs placing (n_total_tokens includes them).
+  int32_t n_followers = 0;
 
   // What a placement policy sees of it.
   PlacementRequest placement() const {
     std::span<const int32_t> t;
     if (tokens) t = *tokens;
-    return {n_prompt_tokens, n_total_tokens, t};
+    return {n_prompt_tokens, n_total_tokens, t, cache_scope};
   }
 };
 
@@ -215,7 +223,7 @@ class Scheduler {
 
   // For metrics and tests.
   int32_t n_queued() const;              // admitted, not yet placed
-  int32_t n_admitted() const;            // admitted, not finished (queued + placed)
+  int32_t n_admitted() const;            // admitted, not finished (queued + placed), with their followers
   int64_t queued_prompt_tokens() const;  // prompt tokens of the queued requests
 
  private:
@@ -327,6 +335,7 @@ class Scheduler {
   std::unordered_map<std::string, Entry> requests_;
   std::set<QueueKey> queue_;
   int64_t queued_prompt_tokens_ = 0;
+  int64_t admitted_weight_ = 0;  // requests_ counted with their followers (PendingRequest::n_followers)
   uint64_t next_seq_ = 0;
   TtftPredictor predictor_;
   SchedulerEvents events_;

@@ -94,7 +94,7 @@ Scheduler::PrefillSite Scheduler::site_locked(const PendingRequest& req, const W
   } else {
     std::span<const int32_t> tokens;
     if (req.tokens) tokens = *req.tokens;
-    auto hashes = prefix_routing_hashes(w, tokens);
+    auto hashes = prefix_routing_hashes(w, tokens, req.cache_scope);
     site.n_compute -= expected_cached_tokens(w, tokens, &hashes);
     if (!hashes.empty()) site.prefix = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
     ahead.reported = w.load.queued_prompt_tokens;

@@ -37,10 +37,11 @@ build_packages=(
 # has none, and PEP 668 forbids pip outside a venv), certificates and curl for the registries.
 tool_packages=(ccache python3 python3-venv ca-certificates curl)
 # Only for the tests: Catch2, clang and its runtimes (libFuzzer, sanitizers: libclang-rt-14-dev,
-# which clang only recommends) for the fuzz target, Prometheus and promtool, iproute2
+# which clang only recommends; OpenMP: libomp-dev, for the fuzz targets' engine build) for the fuzz
+# targets, Prometheus and promtool, iproute2
 # and procps for the process and network tests, openssl to make the TLS tests' certificates,
 # unzip for the model scripts' tests (the image's model fetch unpacks the wheel with it).
-test_packages=(catch2 clang libclang-rt-14-dev prometheus iproute2 procps openssl unzip)
+test_packages=(catch2 clang libclang-rt-14-dev libomp-dev prometheus iproute2 procps openssl unzip)
 
 # The image and the local deployment: podman with buildah (Containerfile builds) and runc (crun,
 # podman's default runtime, refuses this kernel's hybrid cgroup hierarchy); netavark and

@@ -28,8 +28,11 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # add its minute (the faults it makes are the hang and failover tests' own, which run here).
 # Structured output's 200 sampled schemas and its greedy comparisons are thousands of real-model
 # steps (96 s and 21 s in Release, many times that here); the grammar's code runs here in its unit
-# tests and in the same file's streamed, gRPC and tool-call tests.
+# tests and in the same file's streamed, gRPC and tool-call tests. The hostile clients' memory
+# plateau over 40 large schemas means nothing under ASan's quarantine of freed memory (its
+# refusals, crashes and bounds all run here).
 BATON_TEST_OUTAGE_SECONDS=20 BATON_TEST_TIME_SCALE=3 BATON_BIN="$PWD/build-asan/baton" "$BATON_VENV/bin/python" \
   -m pytest -q -rs tests/integration --deselect tests/integration/test_chaos.py::test_a_minute_of_chaos_loses_nothing \
   --deselect tests/integration/test_openai_structured_output.py::test_random_schemas_sampled_at_temperature_1_parse_and_validate \
-  --deselect tests/integration/test_openai_structured_output.py::test_greedy_under_a_schema_equals_unconstrained_greedy_where_that_conforms
+  --deselect tests/integration/test_openai_structured_output.py::test_greedy_under_a_schema_equals_unconstrained_greedy_where_that_conforms \
+  --deselect tests/integration/test_hostile_clients.py::test_l_distinct_large_schemas_keep_a_worker_bounded

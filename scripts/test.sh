@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs dependencies, builds, fetches the real model, then the
 # unit tests (ctest, full build and engine-only build), the end-to-end tests against independent
-# references, the serving tests over real processes and the deployment tests (pytest), the GGUF
-# fuzzer for 60 s, the unit and serving tests again under ASan + UBSan, and the gRPC-free threaded
-# parts under ThreadSanitizer.
+# references, the serving tests over real processes and the deployment tests (pytest), the three
+# fuzzers for 60 s each, the unit and serving tests again under ASan + UBSan, and the gRPC-free
+# threaded parts under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -26,8 +26,9 @@ cmake -S . -B build-engine -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_ENGINE_ON
 cmake --build build-engine -j "$(nproc)"
 (cd build-engine && ctest --output-on-failure -j 1)
 "$BATON_VENV/bin/python" -m pytest -q -rs tests/e2e tests/integration tests/deploy
-# The GGUF reader's fuzzer for a bounded time on the kept corpus (ASan + UBSan, libFuzzer).
-./scripts/fuzz-gguf.sh 60
+# The fuzzers for a bounded time each on their kept corpora (ASan + UBSan, libFuzzer): a request
+# through the frontend's and a worker's logic, the KV stream, the GGUF reader.
+./scripts/fuzz.sh 60
 # ASan + UBSan over the unit tests and the serving tests.
 ./scripts/sanitize.sh
 # TSan over the pipeline, the scheduler, both engines, the KV pool and the prefix cache.

@@ -54,6 +54,7 @@ Result<ValidRequest> read_request(const v1::GenerateRequest& r, const ServedMode
   b.ignore_eos(r.ignore_eos());
   BATON_RETURN_IF_ERROR(b.priority(r.priority()));
   BATON_RETURN_IF_ERROR(b.ttft_slo(r.ttft_slo_seconds(), "ttft_slo_seconds"));
+  BATON_RETURN_IF_ERROR(b.cache_salt(r.cache_salt(), "cache_salt"));
   return std::move(b).build();
 }
 

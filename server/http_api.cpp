@@ -1,9 +1,6 @@
 #include "server/http_api.h"
 
-#include <dirent.h>
 #include <httplib.h>
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -25,55 +22,12 @@ namespace {
 // limit, so the client can read the 413; beyond that the connection is closed.
 constexpr size_t kDiscardFactor = 16;
 
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
-
-// As cpp-httplib writes addresses into Request::remote_addr / local_addr.
-std::string numeric_host(const sockaddr_storage& a, socklen_t len) {
-  char host[NI_MAXHOST];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
-    return {};
-  }
-  return host;
-}
-
-// True when `fd` is the TCP connection between these endpoints (ports first: they are cheap).
-bool is_connection(int fd, const httplib::Request& req) {
-  sockaddr_storage local{}, peer{};
-  socklen_t local_len = sizeof local, peer_len = sizeof peer;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 || port_of(local) != req.local_port ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || port_of(peer) != req.remote_port) {
-    return false;
-  }
-  return numeric_host(local, local_len) == req.local_addr && numeric_host(peer, peer_len) == req.remote_addr;
-}
-
-// The socket of the connection `req` came on, -1 when it cannot be told. cpp-httplib 0.11 does
-// not say (later versions have Request::is_connection_closed), but the pool thread serving the
-// request keeps the connection open, so its endpoints name one socket of this process: the
-// process's descriptors are searched for it, the one found last on this thread first (a
-// keep-alive connection brings its next request to the same thread).
+// The socket of the connection `req` came on, -1 when it cannot be told: the front serving this
+// thread's connection knows it (cpp-httplib 0.11's Request does not say; later versions have
+// Request::is_connection_closed).
 int connection_socket(const httplib::Request& req) {
   if (req.ssl != nullptr) return SSL_get_fd(req.ssl);
-  thread_local int last = -1;
-  if (last >= 0 && is_connection(last, req)) return last;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    if (e->d_name[0] == '.' || fd == dirfd(dir)) continue;
-    if (is_connection(fd, req)) {
-      found = fd;
-      break;
-    }
-  }
-  closedir(dir);
-  last = found;
-  return found;
+  return http_front_socket();
 }
 
 // Polled by the call while the serving thread holds the connection (so `fd` is still it): true

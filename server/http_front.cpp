@@ -259,11 +259,19 @@ void HttpFront::give_back(Conn* c) {
   (void)!::write(wake_fd_, &one, sizeof one);
 }
 
+namespace {
+thread_local int serving_socket = -1;
+}  // namespace
+
+int http_front_socket() { return serving_socket; }
+
 void HttpFront::serve(Conn* c) {
   FrontStream strm(*c, config_.io_timeout);
   bool closed = false;
+  serving_socket = c->fd;
   const bool ok = Routes::serve(server_, strm, /*close_connection=*/stopping_.load(), closed,
                                 [c](httplib::Request& req) { req.ssl = c->ssl; });
+  serving_socket = -1;
   if (!ok || closed || stopping_.load()) {
     close(c);
     return;

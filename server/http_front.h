@@ -35,6 +35,10 @@ class ThreadPool;
 
 namespace baton {
 
+// The socket of the connection the calling thread serves for an HttpFront (for the whole of one
+// request: its routing, body and response), -1 on any other thread.
+int http_front_socket();
+
 // "host:port", "[v6]:port" → (host, port); INVALID_ARGUMENT naming `flag` otherwise.
 Result<std::pair<std::string, int>> split_listen_address(const std::string& address, const std::string& flag);
 

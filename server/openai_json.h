@@ -8,7 +8,7 @@
 // levels, each known field has its JSON type, the model is the served one (404 otherwise), and
 // features baton does not implement (echo, tools, logit_bias, best_of > 1, ...) are refused by name
 // instead of being silently ignored. Fields OpenAI does not define are ignored, except baton's
-// own: top_k, repetition_penalty, ignore_eos, priority, ttft_slo_seconds. Everything else (ranges, the prompt's size, stop
+// own: top_k, repetition_penalty, ignore_eos, priority, ttft_slo_seconds, cache_salt (vLLM's name). Everything else (ranges, the prompt's size, stop
 // strings, priority bounds) is the builder's, so each field is validated once.
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_bounds.h"
 #include "common/status.h"
 #include "model/chat_template.h"
 #include "scheduler/request_pipeline.h"
@@ -27,7 +28,6 @@ namespace baton {
 
 enum class OpenAiEndpoint { kCompletions, kChat };
 
-inline constexpr int kMaxJsonDepth = 32;
 // Choices one request may ask for: prompts (completions' prompt list) times n.
 inline constexpr int kMaxChoices = 64;
 

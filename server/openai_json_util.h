@@ -89,7 +89,7 @@ inline std::string param_of(const std::string& message) {
       "seed", "stop", "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "suffix",
       "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
       "functions", "response_format", "priority",
-      "ignore_eos", "ttft_slo_seconds"};
+      "ignore_eos", "ttft_slo_seconds", "cache_salt"};
   size_t n = 0;
   while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;
   const std::string word = message.substr(0, n);

@@ -185,18 +185,13 @@ Status read_messages(const Json& messages, const std::string& tools_json, Reques
 Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_view body, const ServedModel& model,
                                            RequestBuilder b) {
   if (body.empty()) return invalid_argument("the body is empty: send a JSON object");
-  bool too_deep = false;
-  const Json::parser_callback_t depth_limit = [&](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxJsonDepth) too_deep = true;
-    return !too_deep;
-  };
+  BATON_RETURN_IF_ERROR(check_json_bounds(body, "the body"));
   Json j;
   try {
-    j = Json::parse(body.begin(), body.end(), depth_limit);
+    j = Json::parse(body.begin(), body.end());
   } catch (const Json::exception& e) {
     return invalid_argument("the body is not valid JSON: " + json_error_reason(e.what()));
   }
-  if (too_deep) return invalid_argument("the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (!j.is_object()) return wrong_type("the body", "a JSON object", j);
 
   OpenAiRequest req;
@@ -327,6 +322,10 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (const Json* v = member(j, "ttft_slo_seconds")) {
     BATON_ASSIGN_OR_RETURN(const double seconds, as_number(*v, "ttft_slo_seconds"));
     BATON_RETURN_IF_ERROR(b.ttft_slo(seconds, "ttft_slo_seconds"));
+  }
+  if (const Json* v = member(j, "cache_salt")) {
+    BATON_ASSIGN_OR_RETURN(const std::string salt, as_string(*v, "cache_salt"));
+    BATON_RETURN_IF_ERROR(b.cache_salt(salt, "cache_salt"));
   }
   // A choice per prompt and per n, in OpenAI's order: index = prompt · n + j.
   std::vector<ValidRequest> bases;

@@ -1,5 +1,6 @@
 #include "server/openai_tools.h"
 
+#include "common/json_bounds.h"
 #include "server/request_validation.h"
 
 namespace baton::openai_internal {
@@ -93,6 +94,7 @@ Status read_message_tools(const Json& m, const std::string& at, ChatMessage* mes
       const Json* args = member(*f, "arguments");
       if (args == nullptr) return invalid_argument(c_at + ".function.arguments is missing");
       BATON_ASSIGN_OR_RETURN(call.arguments, as_string(*args, c_at + ".function.arguments"));
+      BATON_RETURN_IF_ERROR(check_json_bounds(call.arguments, c_at + ".function.arguments"));
       const Json parsed = Json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded() || !parsed.is_object()) {
         return invalid_argument(c_at + ".function.arguments must be a JSON object, as text");

@@ -19,10 +19,10 @@ PublicCall::~PublicCall() {
 
 Status PublicCall::authorize(std::string_view authorization) {
   if (fc_.api_keys == nullptr) return {};
-  return fc_.api_keys->check_authorization(authorization, &key_max_priority_);
+  return fc_.api_keys->check_authorization(authorization, &key_max_priority_, nullptr, &tenant_);
 }
 
-RequestBuilder PublicCall::request_builder() const { return RequestBuilder(*fc_.model, key_max_priority_); }
+RequestBuilder PublicCall::request_builder() const { return RequestBuilder(*fc_.model, key_max_priority_, tenant_); }
 
 void PublicCall::start(Result<ValidRequest> valid, CallDeadline deadline) {
   // No request runs longer than --max-request-seconds, whatever it asked (or did not ask) for.

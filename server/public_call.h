@@ -91,6 +91,7 @@ class PublicCall : public ResponseSink, public std::enable_shared_from_this<Publ
   FrontendContext& fc_;
   const TimePoint arrival_;
   std::optional<int32_t> key_max_priority_;  // the caller's API key's bound, when it has one
+  std::string tenant_;                       // the caller's API key's identity (ApiKey::tenant)
   std::string request_id_;  // the client's, or one made up for it
   // Touched only in the pipeline's callbacks, which its mutex orders.
   std::optional<TextStream> text_;

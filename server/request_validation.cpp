@@ -24,35 +24,14 @@ bool printable_ascii(const std::string& s) {
 
 }  // namespace
 
-std::string quote_input(const std::string& s) {
-  static const char* hex = "0123456789abcdef";
-  std::string body;
-  size_t i = 0;
-  for (; i < s.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const bool plain = c >= 0x20 && c < 0x7F && c != '\\' && c != '\'';
-    if (body.size() + (plain ? 1 : 4) > kMaxEchoBytes) break;
-    if (plain) {
-      body += static_cast<char>(c);
-    } else {
-      body += "\\x";
-      body += hex[c >> 4];
-      body += hex[c & 15];
-    }
-  }
-  std::string out = "'" + body + "'";
-  if (i < s.size()) out += " (cut, " + std::to_string(s.size()) + " bytes)";
-  return out;
-}
-
 size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.n_vocab(); ++id) longest = std::max(longest, tokenizer.token_bytes(id).size());
   return static_cast<size_t>(n_ctx) * longest;
 }
 
-RequestBuilder::RequestBuilder(const ServedModel& model, std::optional<int32_t> key_max_priority)
-    : model_(model), key_max_priority_(key_max_priority) {}
+RequestBuilder::RequestBuilder(const ServedModel& model, std::optional<int32_t> key_max_priority, std::string tenant)
+    : model_(model), key_max_priority_(key_max_priority), tenant_(std::move(tenant)) {}
 
 Status RequestBuilder::request_id(const std::string& id) {
   if (id.size() > kMaxRequestIdBytes || !printable_ascii(id)) {
@@ -177,6 +156,12 @@ Status RequestBuilder::ttft_slo(double seconds, std::string_view field) {
   return {};
 }
 
+Status RequestBuilder::cache_salt(const std::string& salt, std::string_view field) {
+  BATON_RETURN_IF_ERROR(check_length(salt, field, kMaxCacheSaltBytes));
+  cache_salt_ = salt;
+  return {};
+}
+
 Result<ValidRequest> RequestBuilder::build() && {
   PipelineRequest& spec = valid_.pipeline;
   if (!has_prompt_) return invalid_argument("the prompt is empty: set one of prompt, prompt_token_ids or messages");
@@ -197,6 +182,8 @@ Result<ValidRequest> RequestBuilder::build() && {
   // A client that names no request gets a random public id (the workers see other ids).
   if (spec.label.empty()) spec.label = "req-" + random_request_id().substr(0, 16);
   spec.stop_ids = model_.tokenizer->stop_ids();
+  // Whatever the client put in sampling: the scope is the frontend's to set.
+  spec.sampling.cache_scope = tenant_.empty() && cache_salt_.empty() ? std::string() : tenant_ + ":" + cache_salt_;
   spec.model_fingerprint = model_.fingerprint;
   return std::move(valid_);
 }

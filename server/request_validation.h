@@ -49,15 +49,12 @@ struct ServedModel {
 // n_ctx × the byte length of the longest token in the vocabulary.
 size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t n_ctx);
 
-// A client's string as an error message quotes it: bytes outside printable ASCII as \xNN, at
-// most kMaxEchoBytes characters of that between the quotes (so 16 bytes of a string that is all
-// escapes), and the length when cut. (Echoed whole, a 5 MB model name made a 5 MB message and
-// log line, and past 16 KB of metadata the client saw RESOURCE_EXHAUSTED instead.)
-inline constexpr size_t kMaxEchoBytes = 64;
-std::string quote_input(const std::string& s);
+// quote_input (common/status.h) quotes a client's string in an error message.
 
 // |priority| is bounded whatever --max-priority says.
 inline constexpr int32_t kPriorityBound = 1000;
+// The longest cache_salt a request may give.
+inline constexpr size_t kMaxCacheSaltBytes = 256;
 // The longest TTFT target a request may ask for (seconds).
 inline constexpr double kMaxTtftSloSeconds = 3600;
 
@@ -67,8 +64,9 @@ inline constexpr double kMaxTtftSloSeconds = 3600;
 class RequestBuilder {
  public:
   // `key_max_priority`: the caller's API key's priority bound, when it has one (else the
-  // frontend's --max-priority, model.max_priority).
-  RequestBuilder(const ServedModel& model, std::optional<int32_t> key_max_priority);
+  // frontend's --max-priority, model.max_priority). `tenant`: the caller's API key's identity
+  // (ApiKey::tenant; empty without API keys).
+  RequestBuilder(const ServedModel& model, std::optional<int32_t> key_max_priority, std::string tenant = {});
 
   // The client's id (printable ASCII, at most 128 bytes). Without one, build() makes one up.
   Status request_id(const std::string& id);
@@ -91,6 +89,10 @@ class RequestBuilder {
   Status priority(int32_t priority);
   // The request's own TTFT target: in [0, 3600] seconds (0: the server's). `field` names it.
   Status ttft_slo(double seconds, std::string_view field);
+  // The client's cache_salt (at most kMaxCacheSaltBytes). build() sets sampling.cache_scope from
+  // it and the tenant: empty when both are, else "<tenant>:<salt>", so that requests share
+  // prefix-cache blocks and automata only within one key and one salt.
+  Status cache_salt(const std::string& salt, std::string_view field);
 
   Result<ValidRequest> build() &&;
 
@@ -101,6 +103,7 @@ class RequestBuilder {
 
   const ServedModel& model_;
   std::optional<int32_t> key_max_priority_;
+  std::string tenant_, cache_salt_;
   bool has_prompt_ = false;
   std::optional<int64_t> max_tokens_;
   ValidRequest valid_;

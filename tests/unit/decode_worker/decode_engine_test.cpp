@@ -428,6 +428,26 @@ TEST_CASE("admission and KV refusals", "[decode]") {
           }) == StatusCode::kInvalidArgument);
     CHECK(refused([](KvTransferHeader& h) { h.token_ids.pop_back(); }) == StatusCode::kInvalidArgument);
     CHECK(refused([&](KvTransferHeader& h) { h.token_ids[0] = -1; }) == StatusCode::kInvalidArgument);
+    // Hostile shapes, refused before anything is sized by them: 2^31 - 1 layers (8 GiB of
+    // per-layer bookkeeping once), and products of the shape that wrap int64.
+    const int32_t big = std::numeric_limits<int32_t>::max();
+    CHECK(refused([&](KvTransferHeader& h) { h.n_layers = big; }) == StatusCode::kInvalidArgument);
+    CHECK(refused([&](KvTransferHeader& h) { h.n_layers = kMaxKvLayers + 1; }) == StatusCode::kInvalidArgument);
+    CHECK(refused([&](KvTransferHeader& h) {
+            h.n_kv_heads = big;
+            h.head_dim = big;
+          }) == StatusCode::kInvalidArgument);
+    CHECK(refused([&](KvTransferHeader& h) {
+            h.dtype = "f32";
+            h.n_kv_heads = 1 << 30;
+            h.head_dim = 1 << 30;
+          }) == StatusCode::kInvalidArgument);
+    {
+      KvTransferHeader h = good.header;
+      h.n_kv_heads = big;
+      h.head_dim = big;
+      CHECK(kv_chunk_bytes(h, big) == std::numeric_limits<int64_t>::max());  // saturates, does not wrap
+    }
     // None of that disturbed the reservation: the real transfer goes through.
     CHECK(send(*fx.engine, good).ok());
     CHECK(code(fx.engine->kv_begin(good.header)) == StatusCode::kFailedPrecondition);  // already running

@@ -4,6 +4,7 @@
 // prompt with its own sampling, token for token; the prompt's full blocks are held once; every
 // path gives every block back; refusals name the problem.
 #include <catch2/catch.hpp>
+#include <thread>
 
 #include "decode_worker/decode_engine.h"
 #include "tests/unit/decode_worker/decode_test_util.h"
@@ -139,6 +140,24 @@ TEST_CASE("a fork outlives its source, and every way out gives its blocks back",
     // b3 never came: the hold is dropped after its 10 s, or at stop().
     small.engine->stop();
     CHECK(small.engine->load().free_blocks == small.engine->load().total_blocks);
+  }
+  SECTION("an id admitted again while its prompt is held for forks is refused, and no block leaks") {
+    lead("e", 2);
+    Collector out;  // the sequence runs to its end through its stream: it leaves the engine
+    REQUIRE(fx.engine->attach("e", out.sink()).ok());
+    REQUIRE(out.wait_done());
+    // The sequence is gone, its hold is not (300 ms): the same id again would have replaced the
+    // hold and leaked its blocks.
+    DecodeAdmit again = admit_for(fx, "e", n_prompt, 6, sp, true);
+    again.n_forks = 2;
+    Status s = fx.engine->admit(again);
+    for (int i = 0; i < 50 && s.message().find("already admitted") != std::string::npos; ++i) {
+      std::this_thread::sleep_for(2ms);
+      s = fx.engine->admit(again);
+    }
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains("holds its prompt's KV for forks"));
+    check_all_free(*fx.engine);  // the hold expires after fork_hold and gives every block back
   }
   SECTION("refusals") {
     lead("c", 1);

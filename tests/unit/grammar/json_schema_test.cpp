@@ -9,19 +9,11 @@
 
 using namespace baton;
 using namespace baton::grammar;
+using baton::grammar::testing::accepts;
+using baton::grammar::testing::byte_vocabulary;
 using baton::grammar::testing::ojson;
 
 namespace {
-
-// One token per byte: the constraint then accepts exactly the grammar's byte strings.
-std::shared_ptr<const TokenVocabulary> byte_vocabulary() {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
-  bytes.emplace_back();  // 256: the stop token
-  return TokenVocabulary::create(std::move(bytes), {256});
-}
-
-bool accepts(TokenConstraint& c, std::string_view text) { return c.complete(c.advance_bytes(c.start(), text)); }
 
 TokenConstraint constraint(std::string_view schema) {
   auto g = compile_json_schema(schema);

@@ -4,13 +4,29 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "grammar/token_constraint.h"
 
 namespace baton::grammar::testing {
 
 using ojson = nlohmann::ordered_json;
+
+// One token per byte (256: the stop token): a constraint over it accepts exactly the grammar's
+// byte strings.
+inline std::shared_ptr<const TokenVocabulary> byte_vocabulary() {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  bytes.emplace_back();
+  return TokenVocabulary::create(std::move(bytes), {256});
+}
+
+inline bool accepts(TokenConstraint& c, std::string_view text) { return c.complete(c.advance_bytes(c.start(), text)); }
 
 inline ojson random_schema(std::mt19937& rng, int depth, ojson* defs) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };

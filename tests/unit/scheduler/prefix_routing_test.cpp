@@ -322,3 +322,23 @@ TEST_CASE("the scheduler sends a repeated prefix to the worker that has it while
   CHECK(submit("e", random_tokens(rng, 50)) == away);
   h.sched.finished("a");
 }
+
+TEST_CASE("a tenant scope keys the prefix hashes: blocks cached in one scope are no hit in another", "[scheduler][limits]") {
+  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+  Tokens prompt(70);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 50000);
+  const std::string scope_a = "0123456789abcdef0123456789abcdef:", scope_b = "fedcba9876543210fedcba9876543210:";
+  // The worker caches the prompt's blocks as the prefill engine hashes them: in scope a.
+  WorkerSnapshot w = FakeWorker{"p:1", 16, seed, {}, {}}.snapshot();
+  auto set = std::make_shared<std::unordered_set<uint64_t>>();
+  for (uint64_t h : prefix_block_hashes(prefix_hash_scoped_seed(seed, scope_a), 16, prompt)) set->insert(h);
+  w.load.cached_blocks = set;
+  CHECK(expected_cached_tokens(w, prompt, nullptr, scope_a) == 64);
+  CHECK(expected_cached_tokens(w, prompt, nullptr, scope_b) == 0);
+  CHECK(expected_cached_tokens(w, prompt, nullptr, "") == 0);
+  CHECK(expected_cached_tokens(w, prompt, nullptr, scope_a + "salt") == 0);
+  // The empty scope is the unscoped root: requests with neither a key nor a salt share as before.
+  CHECK(prefix_hash_scoped_seed(seed, "") == seed);
+  CHECK(prefix_hash_scoped_seed(seed, scope_a) != prefix_hash_scoped_seed(seed, scope_b));
+}

@@ -28,6 +28,39 @@ TEST_CASE("over max_requests a request is refused at once, admitted ones proceed
   CHECK(h.sched.n_admitted() == 2);
 }
 
+TEST_CASE("a request's n choices count against max_requests while it is admitted", "[scheduler][limits]") {
+  SchedulerConfig cfg;
+  cfg.max_requests = 8;
+  Harness h(cfg);
+  h.prefill_worker("p:1");
+  h.decode_worker("d:1", 100);
+  auto with_followers = [&](const std::string& id, int32_t n_followers) {
+    PendingRequest r;
+    r.id = id;
+    r.n_prompt_tokens = 16;
+    r.n_total_tokens = 2 * kBlockSize;
+    r.n_followers = n_followers;
+    r.arrival = h.clock.now();
+    return h.submit(std::move(r));
+  };
+  REQUIRE(with_followers("n5", 4).ok());  // 5 choices: 5 of the 8
+  CHECK(h.sched.n_admitted() == 5);
+  const Status full = with_followers("n4", 3);  // 4 more would be 9
+  CHECK(full.code() == StatusCode::kResourceExhausted);
+  CHECK(contains(full.message(), "4 choices"));
+  REQUIRE(with_followers("n3", 2).ok());
+  CHECK(h.sched.n_admitted() == 8);
+  CHECK(h.submit("one", 16, 1).code() == StatusCode::kResourceExhausted);
+  // More choices than the bound can ever hold: the request itself is wrong.
+  CHECK(with_followers("n9", 8).code() == StatusCode::kInvalidArgument);
+  h.sched.finished("n5");
+  CHECK(h.sched.n_admitted() == 3);
+  REQUIRE(with_followers("n4", 3).ok());
+  h.sched.cancel("n4");
+  h.sched.finished("n3");
+  CHECK(h.sched.n_admitted() == 0);
+}
+
 TEST_CASE("the queued prompt token bound refuses at once, a prompt over the bound is invalid", "[scheduler]") {
   SchedulerConfig cfg;
   cfg.max_queued_prompt_tokens = 100;

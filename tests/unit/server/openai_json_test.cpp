@@ -556,4 +556,36 @@ TEST_CASE("the model list names the served model with its context and template",
   CHECK(m["baton"]["chat_template"] == "model");  // the model's own template
 }
 
+TEST_CASE("cache_salt and the API key's tenant make the request's cache scope", "[openai][limits]") {
+  const Json body = {{"prompt", "hi"}, {"cache_salt", "s1"}};
+  auto scope = [&](const Json& b, const std::string& tenant) {
+    auto r = parse_openai_request(OpenAiEndpoint::kCompletions, b.dump(), served().model,
+                                  RequestBuilder(served().model, std::nullopt, tenant));
+    REQUIRE(r.ok());
+    return r->choices.front().pipeline.sampling.cache_scope;
+  };
+  const Json plain = {{"prompt", "hi"}};
+  CHECK(scope(plain, "").empty());  // neither: shared with every request that has neither
+  CHECK(scope(body, "") == ":s1");
+  CHECK(scope(plain, "aaaa") == "aaaa:");
+  CHECK(scope(body, "aaaa") == "aaaa:s1");
+  // No salt reaches another key's scope: every scope under a key starts with that key's tenant.
+  CHECK(scope(Json{{"prompt", "hi"}, {"cache_salt", "aaaa:"}}, "bbbb") == "bbbb:aaaa:");
+  // A client's own sampling scope (gRPC's SamplingParams.cache_scope) is replaced by the builder's.
+  RequestBuilder b(served().model, std::nullopt, "cccc");
+  REQUIRE(b.prompt_text("hi").ok());
+  SamplingParams sp;
+  sp.cache_scope = "aaaa:";
+  REQUIRE(b.sampling(sp, "sampling.").ok());
+  auto built = std::move(b).build();
+  REQUIRE(built.ok());
+  CHECK(built->pipeline.sampling.cache_scope == "cccc:");
+  const Status long_salt = parse_openai_request(OpenAiEndpoint::kCompletions,
+                                                Json{{"prompt", "hi"}, {"cache_salt", std::string(257, 's')}}.dump(),
+                                                served().model, builder())
+                               .status();
+  CHECK(long_salt.code() == StatusCode::kInvalidArgument);
+  CHECK(error_of(long_salt)["param"] == "cache_salt");
+}
+
 }  // namespace baton

@@ -1,0 +1,44 @@
+// The bounds on JSON that comes with a request: the HTTP body, and the JSON a request carries as
+// text (a response_format schema, tool definitions, a tool call's arguments, over HTTP or gRPC).
+// Checked in one pass over the text, without recursion, before anything parses it:
+// - depth: nlohmann parses any depth without recursing, but its copies, dump() and ==, the schema
+//   compiler and the chat template's values all recurse once per level (250,000 levels in a tool
+//   call's arguments overflowed the frontend's stack);
+// - members of one object: ordered_json (which keeps a schema's property order) finds each new
+//   key by a linear search, so an object of n keys parses in O(n^2) (a 1 MiB body of 95,000 keys:
+//   seconds of CPU).
+// Both defaults are several times the largest real-world schemas (bench/RESULTS.md, "Schema
+// budget": JSON depth 27 in a schema, 31 inside a request body; 836 properties in one object).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace baton {
+
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr int64_t kMaxJsonObjectMembers = 10'000;
+
+struct JsonShape {
+  int depth = 0;                // the deepest nesting of arrays and objects
+  int64_t widest_object = 0;    // the most members of one object
+};
+
+// The shape of `text`, in one pass. Brackets and colons inside strings (escapes understood) do not
+// count; the text need not be valid JSON (an unclosed string ends the scan). The scan stops once
+// the depth passes `stop_depth` (depth is then stop_depth + 1).
+JsonShape json_shape(std::string_view text, int stop_depth = kMaxJsonDepth);
+
+// Where the JSON array or object that opens `text` ends (one past its closing bracket), or npos
+// when it does not close. Brackets inside strings do not count.
+size_t json_value_end(std::string_view text);
+
+// INVALID_ARGUMENT naming `field` and the bound when `text` nests deeper than `max_depth` or has
+// an object of more than `max_members` members.
+Status check_json_bounds(std::string_view text, std::string_view field, int max_depth = kMaxJsonDepth,
+                         int64_t max_members = kMaxJsonObjectMembers);
+
+}  // namespace baton
