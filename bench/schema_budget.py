@@ -105,10 +105,11 @@ def main():
     files = []
     for p in a.paths:
         if os.path.isdir(p):
-            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".json"))
+            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".json") and not f.startswith("."))
         else:
             files.append(p)
     out = a.out or tempfile.mkdtemp(prefix="schema-subset-")
+    os.makedirs(out, exist_ok=True)
     rewritten = []
     for f in files:
         try:

@@ -7,8 +7,9 @@
 // - members of one object: ordered_json (which keeps a schema's property order) finds each new
 //   key by a linear search, so an object of n keys parses in O(n^2) (a 1 MiB body of 95,000 keys:
 //   seconds of CPU).
-// Both defaults are several times the largest real-world schemas (bench/RESULTS.md, "Schema
-// budget": JSON depth 27 in a schema, 31 inside a request body; 836 properties in one object).
+// Both defaults are about 10x the largest of 430 real-world schemas (bench/RESULTS.md, "Schema
+// budget": JSON depth 27 in a schema, 31 inside a request body; 836 properties in one object),
+// and 256 levels are a few dozen KiB of stack for any of the recursive walkers.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,7 @@
 
 namespace baton {
 
-inline constexpr int kMaxJsonDepth = 64;
+inline constexpr int kMaxJsonDepth = 256;
 inline constexpr int64_t kMaxJsonObjectMembers = 10'000;
 
 struct JsonShape {

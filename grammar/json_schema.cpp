@@ -1,6 +1,7 @@
 #include "grammar/json_schema.h"
 
 #include "common/json_bounds.h"
+#include "common/json_parse.h"
 
 #include <algorithm>
 #include <chrono>
@@ -437,8 +438,8 @@ Result<Grammar> compile_json_schema(std::string_view schema, std::string_view pr
                                     const SchemaBudget& budget, SchemaStats* stats) {
   // Deeper JSON is refused before anything walks it (this compiler, dump() and == recurse).
   BATON_RETURN_IF_ERROR(check_json_bounds(schema, "the JSON schema"));
-  json root = json::parse(schema, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return invalid_argument("the JSON schema is not valid JSON");
+  json root;
+  if (!parse_ordered_json(schema, &root)) return invalid_argument("the JSON schema is not valid JSON");
   SchemaCompiler c(&root, budget);
   auto value = c.compile(root, "", 0);
   if (stats != nullptr) *stats = c.stats();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_bounds.h"
+#include "common/json_parse.h"
 #include "model/gguf.h"
 
 namespace baton {
@@ -113,8 +114,8 @@ jinja::Value from_json(const nlohmann::ordered_json& j) {
 // Text that should be JSON (validated where it came in, and its depth by render); a value that is
 // not stays a string.
 jinja::Value from_json_text(std::string_view text) {
-  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return j.is_discarded() ? jinja::Value(std::string(text)) : from_json(j);
+  nlohmann::ordered_json j;
+  return parse_ordered_json(text, &j) ? from_json(j) : jinja::Value(std::string(text));
 }
 
 jinja::Value globals(std::span<const ChatMessage> messages, bool add_generation_prompt,

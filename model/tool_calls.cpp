@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_bounds.h"
+#include "common/json_parse.h"
 #include "model/output_constraints.h"
 
 namespace baton {
@@ -42,8 +43,8 @@ bool read_call(const Json& j, ToolCall* call) {
 
 bool read_call(std::string_view text, ToolCall* call) {
   if (!check_json_bounds(text, "", kMaxCallDepth).ok()) return false;
-  const Json j = Json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
-  return !j.is_discarded() && read_call(j, call);
+  Json j;
+  return parse_ordered_json(trim(text), &j) && read_call(j, call);
 }
 
 // Mistral: each "[TOOL_CALLS]" followed by a JSON list of calls (or one call) is read; a list
@@ -57,8 +58,8 @@ void parse_mistral(std::string_view text, ToolOutput* out) {
     if (open == std::string_view::npos || (text[open] != '[' && text[open] != '{')) break;
     const size_t end = json_value_end(text.substr(open));
     if (end == std::string_view::npos || !check_json_bounds(text.substr(open, end), "", kMaxCallDepth).ok()) break;
-    const Json j = Json::parse(text.substr(open, end), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) break;
+    Json j;
+    if (!parse_ordered_json(text.substr(open, end), &j)) break;
     std::vector<ToolCall> calls;
     bool all = true;
     for (const Json& item : j.is_array() ? j : Json::array({j})) {
@@ -88,8 +89,8 @@ std::string_view call_marker(ToolCallSyntax syntax) {
 
 Result<OutputFormat> forced_tool_call_format(ToolCallSyntax syntax, std::string_view tools_json, const std::string& name) {
   BATON_RETURN_IF_ERROR(check_json_bounds(tools_json, "tools"));
-  const Json tools = Json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
-  if (tools.is_discarded() || !tools.is_array()) return invalid_argument("tools must be an array");
+  Json tools;
+  if (!parse_ordered_json(tools_json, &tools) || !tools.is_array()) return invalid_argument("tools must be an array");
   const char* args_key = syntax == ToolCallSyntax::kJson ? "parameters" : "arguments";
   Json calls = Json::array(), defs = Json::object();
   for (const Json& t : tools) {

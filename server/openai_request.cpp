@@ -2,6 +2,7 @@
 #include <random>
 
 #include "server/openai_json.h"
+#include "common/json_parse.h"
 #include "model/tool_calls.h"
 #include "server/openai_json_util.h"
 #include "server/openai_tools.h"
@@ -187,10 +188,9 @@ Result<OpenAiRequest> parse_openai_request(OpenAiEndpoint endpoint, std::string_
   if (body.empty()) return invalid_argument("the body is empty: send a JSON object");
   BATON_RETURN_IF_ERROR(check_json_bounds(body, "the body"));
   Json j;
-  try {
-    j = Json::parse(body.begin(), body.end());
-  } catch (const Json::exception& e) {
-    return invalid_argument("the body is not valid JSON: " + json_error_reason(e.what()));
+  std::string error;
+  if (!parse_ordered_json(body, &j, &error)) {
+    return invalid_argument("the body is not valid JSON: " + json_error_reason(error));
   }
   if (!j.is_object()) return wrong_type("the body", "a JSON object", j);
 

@@ -1,6 +1,7 @@
 #include "server/openai_tools.h"
 
 #include "common/json_bounds.h"
+#include "common/json_parse.h"
 #include "server/request_validation.h"
 
 namespace baton::openai_internal {
@@ -95,8 +96,8 @@ Status read_message_tools(const Json& m, const std::string& at, ChatMessage* mes
       if (args == nullptr) return invalid_argument(c_at + ".function.arguments is missing");
       BATON_ASSIGN_OR_RETURN(call.arguments, as_string(*args, c_at + ".function.arguments"));
       BATON_RETURN_IF_ERROR(check_json_bounds(call.arguments, c_at + ".function.arguments"));
-      const Json parsed = Json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_discarded() || !parsed.is_object()) {
+      Json parsed;
+      if (!parse_ordered_json(call.arguments, &parsed) || !parsed.is_object()) {
         return invalid_argument(c_at + ".function.arguments must be a JSON object, as text");
       }
       message->tool_calls.push_back(std::move(call));

@@ -31,5 +31,5 @@ def test_schema_bench_runs_and_the_kept_schemas_fit_the_budget(tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[-1] == "ok", line  # the defaults compile it
         depth, elements, rules = int(cells[4]), int(cells[5]), int(cells[6])
-        assert 0 < depth < 128 and 0 < elements < 1_000_000 and 0 < rules < 200_000, line
-    assert re.search(r"\| \*\*bound \(default\)\*\* \| \| 64 \| 10000 \| 128 \| 1000000 \| 200000 \|", out), out
+        assert 0 < depth < 256 and 0 < elements < 1_500_000 and 0 < rules < 200_000, line
+    assert re.search(r"\| \*\*bound \(default\)\*\* \| \| 256 \| 10000 \| 256 \| 1500000 \| 200000 \|", out), out

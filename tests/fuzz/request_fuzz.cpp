@@ -253,7 +253,7 @@ std::string mutate_tree(Json root, std::mt19937& rng) {
   const Json::json_pointer at = pick();
   switch (std::uniform_int_distribution<int>(0, 8)(rng)) {
     case 0: {  // a node nested many levels deep, written as text (no recursion over it)
-      const int depth = one_of({3, 40, 70, 300, 5000});
+      const int depth = one_of({3, 40, 250, 300, 5000});
       static const char* const kWraps[][2] = {{"[", "]"}, {"{\"items\":", "}"}, {"{\"anyOf\":[", "]}"}, {"{\"a\":", "}"}};
       const auto& w = kWraps[std::uniform_int_distribution<int>(0, 3)(rng)];
       std::string text = root.at(at).dump();
