@@ -179,7 +179,7 @@ class SchemaCompiler {
     if (!s.is_object()) return invalid_argument("the schema at " + where(path) + " must be an object or a boolean");
     for (const auto& [key, _] : s.items()) {
       if (!compiled_keywords().contains(key) && !annotations().contains(key)) {
-        return invalid_argument("JSON-schema keyword '" + key + "' (at " + where(path) +
+        return invalid_argument("JSON-schema keyword " + quote_input(key) + " (at " + where(path) +
                                 ") is not supported for structured output; supported: type, properties, required, "
                                 "additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, "
                                 "anyOf, $ref, $defs");
@@ -278,7 +278,19 @@ class SchemaCompiler {
   }
 
  private:
-  static std::string where(const std::string& path) { return path.empty() ? "the schema's root" : path; }
+  // A location for a message: a long one (property names are the client's, of any length) keeps
+  // its two ends, cut between UTF-8 characters, so that a refusal stays small enough to travel
+  // as a status.
+  static std::string where(const std::string& path) {
+    if (path.empty()) return "the schema's root";
+    if (path.size() <= 160) return path;
+    auto boundary = [&](size_t i) {
+      while (i > 0 && i < path.size() && (static_cast<unsigned char>(path[i]) & 0xC0) == 0x80) --i;
+      return i;
+    };
+    const size_t head = boundary(60), tail = boundary(path.size() - 60);
+    return path.substr(0, head) + "..." + path.substr(tail) + " (a " + std::to_string(path.size()) + "-byte path)";
+  }
 
   Result<int> count(const json& s, const char* key, const std::string& path, int fallback) {
     if (!s.contains(key)) return fallback;
@@ -320,8 +332,8 @@ class SchemaCompiler {
       return array(item, min, max);
     }
     if (type == "object") return object(s, path, depth);
-    return invalid_argument("'type' at " + where(path) + " is \"" + type +
-                            "\"; expected object, array, string, number, integer, boolean or null");
+    return invalid_argument("'type' at " + where(path) + " is " + quote_input(type) +
+                            "; expected object, array, string, number, integer, boolean or null");
   }
 
   Result<int32_t> object(const json& s, const std::string& path, int depth) {
@@ -350,7 +362,7 @@ class SchemaCompiler {
       if (!req.is_array()) return invalid_argument("'required' at " + where(path) + " must be a list of names");
       for (const json& name : req) {
         if (!name.is_string() || !props.contains(name.get<std::string>())) {
-          return invalid_argument("'required' at " + where(path) + " names " + name.dump() +
+          return invalid_argument("'required' at " + where(path) + " names " + quote_input(name.dump()) +
                                   ", which is not in 'properties' (undeclared properties are not generated)");
         }
         required.insert(name.get<std::string>());
@@ -396,14 +408,14 @@ class SchemaCompiler {
     const std::string target = ref.get<std::string>();
     if (auto it = refs_.find(target); it != refs_.end()) return it->second;
     if (target.empty() || target[0] != '#') {
-      return invalid_argument("'$ref' \"" + target + "\" at " + where(path) +
+      return invalid_argument("'$ref' " + quote_input(target) + " at " + where(path) +
                               " points outside the schema; only references within it (\"#/$defs/...\") are supported");
     }
     const json* node = root_;
     try {
       node = &root_->at(json::json_pointer(target.substr(1)));
     } catch (const json::exception&) {
-      return invalid_argument("'$ref' \"" + target + "\" at " + where(path) + " points to nothing in the schema");
+      return invalid_argument("'$ref' " + quote_input(target) + " at " + where(path) + " points to nothing in the schema");
     }
     // Declared before it is compiled, so that a schema may refer to itself.
     const int32_t r = b_.declare("ref " + target);

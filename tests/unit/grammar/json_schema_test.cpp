@@ -107,7 +107,7 @@ TEST_CASE("unsupported and malformed schemas are refused naming the keyword", "[
                         Case{R"({"oneOf":[{"type":"string"}]})", "'oneOf'"},
                         Case{R"({"allOf":[{"type":"string"}]})", "'allOf'"},
                         Case{R"({"type":"string","format":"date"})", "'format'"},
-                        Case{R"({"type":"thing"})", "\"thing\""},
+                        Case{R"({"type":"thing"})", "'thing'"},
                         Case{R"({"$ref":"#/$defs/missing"})", "points to nothing"},
                         Case{R"({"$ref":"https://example.com/s.json"})", "outside the schema"},
                         Case{R"({"type":"object","properties":{"a":{}},"required":["b"]})", "\"b\""},

@@ -190,6 +190,11 @@ TEST_CASE("hostile schemas are refused with a status naming the bound, quickly",
       {"a const nested 200,000 deep", R"({"const":)" + repeat("[", 200'000) + repeat("]", 200'000) + "}", "nests deeper"},
       {"an enum of 300,000 values", big_enum, "elements"},
       {"400 distinct counted repeats", lengths, "rules"},
+      // The client's names in a refusal are cut: a status travels in 16 KiB of metadata.
+      {"a 100,000-byte property name in an error's path", R"({"properties":{")" + std::string(100'000, 'n') +
+                                                              R"(":{"type":"thing"}}})", "-byte path"},
+      {"a 100,000-byte unknown keyword", R"({")" + std::string(100'000, 'k') + R"(":1})", "(cut, 100000 bytes)"},
+      {"a 100,000-byte $ref", R"({"$ref":"#/)" + std::string(100'000, 'r') + R"("})", "points to nothing"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
