@@ -93,7 +93,10 @@ std::string random_json(std::mt19937& rng, int max_depth) {
       open.pop_back();
     }
   }
-  if (need_value) out += "0";
+  if (need_value) {  // the step limit came where a value is owed (in an object: a member)
+    if (!open.empty() && open.back() == '}') out += "\"last\":";
+    out += "0";
+  }
   while (!open.empty()) {
     out += open.back();
     open.pop_back();
