@@ -1,5 +1,10 @@
 #include "model/output_constraints.h"
 
+#include <algorithm>
+#include <functional>
+#include <list>
+#include <mutex>
+
 #include "grammar/json_schema.h"
 #include "model/tokenizer.h"
 
@@ -11,11 +16,35 @@ Result<grammar::Grammar> compile(const OutputFormat& format) {
   return grammar::compile_json_schema(format.schema, format.prefix, format.suffix);
 }
 
+// The format as one string (lengths first: the parts cannot run into one another).
+std::string format_key(const OutputFormat& f) {
+  return std::to_string(static_cast<int>(f.kind)) + ":" + std::to_string(f.prefix.size()) + ":" +
+         std::to_string(f.suffix.size()) + ":" + f.prefix + f.suffix + f.schema;
+}
+
 }  // namespace
 
 Status validate_output_format(const OutputFormat& format) {
   if (format.kind == OutputFormat::Kind::kText) return {};
-  return compile(format).status();
+  // The hashes of the formats that compiled lately: the same one again is not compiled again
+  // here. (A hash that collides lets a format through unchecked only as far as the workers, which
+  // compile it under the same budget.)
+  constexpr size_t kRecent = 256;
+  static std::mutex mu;
+  static std::list<size_t> recent;  // most recent first
+  const size_t h = std::hash<std::string>{}(format_key(format));
+  {
+    std::lock_guard lock(mu);
+    if (const auto it = std::find(recent.begin(), recent.end(), h); it != recent.end()) {
+      recent.splice(recent.begin(), recent, it);
+      return {};
+    }
+  }
+  BATON_RETURN_IF_ERROR(compile(format).status());
+  std::lock_guard lock(mu);
+  recent.push_front(h);
+  if (recent.size() > kRecent) recent.pop_back();
+  return {};
 }
 
 OutputConstraints::OutputConstraints(const Tokenizer& tokenizer, int32_t n_vocab) {
@@ -32,12 +61,10 @@ Status OutputConstraints::resolve(SamplingParams* params) {
   params->constraint.reset();
   if (params->format.kind == OutputFormat::Kind::kText) return {};
   const OutputFormat& f = params->format;
-  // Lengths first: the parts cannot run into one another. The tenant scope is part of the key: a
-  // client fills only its own scope's automaton (each has a memory bound, past which its outputs
-  // end), never another tenant's.
-  const std::string key = std::to_string(static_cast<int>(f.kind)) + ":" + std::to_string(f.prefix.size()) + ":" +
-                          std::to_string(f.suffix.size()) + ":" + std::to_string(params->cache_scope.size()) + ":" +
-                          params->cache_scope + f.prefix + f.suffix + f.schema;
+  // The tenant scope is part of the key: a client fills only its own scope's automaton (each has
+  // a memory bound, past which its outputs end), never another tenant's.
+  const std::string key =
+      std::to_string(params->cache_scope.size()) + ":" + params->cache_scope + format_key(f);
   {
     std::lock_guard lock(mu_);
     for (auto it = cached_.begin(); it != cached_.end(); ++it) {

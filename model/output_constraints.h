@@ -18,8 +18,9 @@ namespace baton {
 
 class Tokenizer;
 
-// INVALID_ARGUMENT naming what the format's schema uses outside the supported subset (the
-// frontend's check; compiles the grammar without a vocabulary).
+// INVALID_ARGUMENT naming what the format's schema uses outside the supported subset, or the
+// bound of the schema budget it passes (the frontend's check; compiles the grammar without a
+// vocabulary, once for each format among the last 256 that compiled: they are kept by hash).
 Status validate_output_format(const OutputFormat& format);
 
 class OutputConstraints {

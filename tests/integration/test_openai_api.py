@@ -216,7 +216,7 @@ def test_include_usage_adds_a_usage_chunk(api, rng):
 def test_bad_json_is_a_400_in_openais_shape(api):
     for body, says in ((b'{"model": "test", "prompt": ', "not valid JSON"), (b"[1, 2, 3]", "must be a JSON object"),
                        (b"", "empty"), (b'{"prompt": "\xff\xfe"}', "not valid JSON"),
-                       (b'{"prompt": "x", "user": ' + b"[" * 100 + b"]" * 100 + b"}", "deeper")):
+                       (b'{"prompt": "x", "user": ' + b"[" * 300 + b"]" * 300 + b"}", "deeper")):
         r = httpx2.post(api.http_url + "/v1/completions", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, (body[:40], r.text)
         assert r.headers["content-type"].startswith("application/json")
