@@ -172,12 +172,11 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   pending.tokens = std::move(tokens);
   pending.cache_scope = req_.sampling.cache_scope;
   // A leader not yet published counts its prompt's other choices, which will fork its KV without
-  // passing the scheduler: against the request bound, and their tokens in the decode KV it needs
-  // (the prompt's blocks are shared).
-  if (is_leader() && !group_published_) {
-    pending.n_followers = req_.group->n_choices() - 1;
-    pending.n_total_tokens += int64_t{pending.n_followers} * req_.max_tokens;
-  }
+  // passing the scheduler, against the request bound. (Their KV is the decode worker's to admit:
+  // each fork reserves its own blocks there or is refused, and a refused one is admitted here on
+  // its own. Counted into this request's KV, a prompt whose choices no one worker holds at once
+  // would be refused, where its choices are served on several.)
+  if (is_leader() && !group_published_) pending.n_followers = req_.group->n_choices() - 1;
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
     const Status s = scheduler->submit(

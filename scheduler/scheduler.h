@@ -145,8 +145,8 @@ struct PendingRequest {
   double ttft_slo_seconds = 0;
   // The other choices of its prompt that will fork its KV on the decode worker (an n-choice
   // request's leader, first attempt: n - 1). They never pass through the scheduler themselves, so
-  // they count here: against max_requests while this request is admitted, and in the decode KV
-  // it needs placing (n_total_tokens includes them).
+  // they count here against max_requests while this request is admitted. (Their KV blocks are
+  // the decode worker's to admit, fork by fork.)
   int32_t n_followers = 0;
 
   // What a placement policy sees of it.
