@@ -1,7 +1,6 @@
 // Hostile schemas and grammars: every bound refuses with a status (never an abort), within its
 // budget of time and memory, and what stays under the bounds still compiles to the same language.
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -136,7 +135,7 @@ TEST_CASE("json_shape agrees with a parse, skipping strings", "[grammar][limits]
   CHECK_THAT(check_json_bounds(wide, "the body").message(), Catch::Contains("members"));
 }
 
-TEST_CASE("parse_ordered_json equals nlohmann's ordered parse, in linear time", "[grammar][limits]") {
+TEST_CASE("parse_ordered_json equals nlohmann's ordered parse", "[grammar][limits]") {
   std::mt19937 rng(std::random_device{}());
   for (int round = 0; round < 300; ++round) {
     std::string text = random_json(rng, 1 + round % 20);
@@ -157,16 +156,12 @@ TEST_CASE("parse_ordered_json equals nlohmann's ordered parse, in linear time", 
   std::string wide = "{";
   for (int i = 0; i < kMaxJsonObjectMembers; ++i) wide += (i ? ",\"p" : "\"p") + std::to_string(i) + "\":{\"type\":\"string\"}";
   wide += "}";
-  const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(parse_ordered_json(wide, &j));
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(parse_ordered_json(wide, &j));  // (its time: bench/RESULTS.md, "Hostile input")
   CHECK(j.size() == static_cast<size_t>(kMaxJsonObjectMembers));
   CHECK(j.begin().key() == "p0");
-  INFO("parsed 10,000 members in " << took << " s");
-  CHECK(took < 0.1);  // quadratic took 0.15 s in Release, seconds under the sanitizers
 }
 
-TEST_CASE("hostile schemas are refused with a status naming the bound, quickly", "[grammar][limits]") {
+TEST_CASE("hostile schemas are refused with a status naming the bound", "[grammar][limits]") {
   struct Case {
     std::string name, schema, says;
   };
@@ -201,14 +196,11 @@ TEST_CASE("hostile schemas are refused with a status naming the bound, quickly",
   };
   for (const Case& c : cases) {
     INFO(c.name);
-    const auto t0 = std::chrono::steady_clock::now();
     auto g = compile_json_schema(c.schema);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     REQUIRE_FALSE(g.ok());
     CHECK(g.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(g.status().message(), Catch::Contains(c.says));
     CHECK(g.status().message().size() < 400);
-    CHECK(took < 2.0);
   }
   // A budget of the caller's: the same schema within and past it.
   SchemaBudget tight;
@@ -228,7 +220,6 @@ TEST_CASE("many optional properties compile to a linear grammar with the same la
   const int n = 9'000;
   for (int i = 0; i < n; ++i) schema += (i ? ",\"p" : "\"p") + std::to_string(i) + "\":{\"type\":\"integer\"}";
   schema += "}}";
-  const auto t0 = std::chrono::steady_clock::now();
   auto g = compile_json_schema(schema);
   REQUIRE(g.ok());
   CHECK(g->elements.size() < 40u * n);
@@ -252,7 +243,6 @@ TEST_CASE("many optional properties compile to a linear grammar with the same la
       if (picked.size() >= 2) CHECK_FALSE(accepts(c, "{\"p" + std::to_string(last) + "\":1,\"p" + std::to_string(picked[0]) + "\":1}"));
     }
   }
-  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 10.0);
   CHECK_FALSE(c.exhausted());
 
   // Required properties among optional ones: a required one may not be skipped.
