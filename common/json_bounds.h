@@ -4,9 +4,11 @@
 // - depth: nlohmann parses any depth without recursing, but its copies, dump() and ==, the schema
 //   compiler and the chat template's values all recurse once per level (250,000 levels in a tool
 //   call's arguments overflowed the frontend's stack);
-// - members of one object: ordered_json (which keeps a schema's property order) finds each new
-//   key by a linear search, so an object of n keys parses in O(n^2) (a 1 MiB body of 95,000 keys:
-//   seconds of CPU).
+// - members of one object: ordered_json's own parser (which keeps a schema's property order)
+//   finds each new key by a linear search, O(n^2) in an object's keys (a 1 MiB body of 95,000
+//   keys: seconds of CPU); request JSON is parsed by common/json_parse.h in linear time now, and
+//   this bound keeps what walks an object afterwards (the schema compiler, the template) in
+//   proportion.
 // Both defaults are about 10x the largest of 430 real-world schemas (bench/RESULTS.md, "Schema
 // budget": JSON depth 27 in a schema, 31 inside a request body; 836 properties in one object),
 // and 256 levels are a few dozen KiB of stack for any of the recursive walkers.
