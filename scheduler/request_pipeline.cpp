@@ -177,6 +177,7 @@ void RequestPipeline::submit_attempt_locked(Guard& g) {
   // its own. Counted into this request's KV, a prompt whose choices no one worker holds at once
   // would be refused, where its choices are served on several.)
   if (is_leader() && !group_published_) pending.n_followers = req_.group->n_choices() - 1;
+  pending.counted_by = std::exchange(counted_by_, {});
   std::weak_ptr<RequestPipeline> weak = weak_from_this();
   g.after([weak, number, id = attempt_.id, pending = std::move(pending), scheduler = deps_.scheduler]() mutable {
     const Status s = scheduler->submit(
@@ -202,6 +203,7 @@ void RequestPipeline::on_fork_source(const std::optional<ChoiceGroup::Source>& s
   attempt_.number = 0;
   attempt_.id = random_request_id();
   attempt_.fork = true;
+  attempt_.fork_of = source->request_id;
   attempt_ids_.push_back(attempt_.id);
   attempt_.placement.request_id = attempt_.id;
   attempt_.placement.decode_address = source->decode_address;
@@ -329,6 +331,7 @@ bool RequestPipeline::on_admitted(int32_t attempt, const Status& status) {
     // The worker holds no such prompt for forks (the leader's hold expired, its forks were taken),
     // or has no room: this choice is admitted with its own KV instead. Nothing failed.
     spdlog::info("req={}: the fork was refused ({}); admitting it with its own KV", log_name(), status.to_string());
+    counted_by_ = attempt_.fork_of;  // its leader's admission counted it: the count moves over
     abandon_attempt_locked(g);
     submit_attempt_locked(g);
     return true;
@@ -654,7 +657,6 @@ void RequestPipeline::failover_locked(Guard& g, const std::string& reason, const
 }
 
 void RequestPipeline::abandon_attempt_locked(Guard& g) {
-  publish_locked(g, std::nullopt);  // a leader whose KV was not placed: its followers go alone
   Attempt& a = attempt_;
   if (a.prefill != nullptr) a.prefill->cancel();
   if (a.decode != nullptr) a.decode->cancel();
@@ -665,6 +667,9 @@ void RequestPipeline::abandon_attempt_locked(Guard& g) {
   if (a.admitted && !a.decode_done) deps_.client->release(a.placement.decode_address, a.id);
   if (a.handed_to_scheduler) g.after([s = deps_.scheduler, id = a.id] { s->finished(id); });
   a.handed_to_scheduler = false;
+  // A leader whose KV was not placed: its followers go alone (told after finished() above has
+  // released the leader's count of them, so they are not counted twice).
+  publish_locked(g, std::nullopt);
 }
 
 void RequestPipeline::end_locked(Guard& g, const Status& status) {

@@ -164,6 +164,7 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
     WorkerCall* prefill = nullptr;    // open calls (valid until their done runs)
     WorkerCall* decode = nullptr;
     bool fork = false;                // admitted as a fork of the leader's KV (no prefill worker)
+    std::string fork_of;              // the leader attempt's id, for a fork
     bool first_token = false;         // this attempt's prefill delivered its token
     std::vector<int32_t> early;       // decode tokens that overtook the first token
     std::vector<TokenLogprobs> early_logprobs;  // theirs, when asked for
@@ -244,6 +245,7 @@ class RequestPipeline : public ProgressWatched, public std::enable_shared_from_t
   bool kv_sent_reported_ = false;  // the prefill worker's KV-sent report arrived
   bool prefill_sent_marked_ = false;
   bool group_published_ = false;  // leader: the followers were told
+  std::string counted_by_;        // follower, refused fork: the leader attempt that counted it (once)
 };
 
 }  // namespace baton

@@ -145,7 +145,13 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
                               " choices; the server admits at most " + std::to_string(config_.max_requests) +
                               " requests and choices at once (--max-requests)");
     }
-    if (admitted_weight_ + weight > config_.max_requests) {
+    // A refused fork's count moves from its leader (PendingRequest::counted_by).
+    Entry* leader = nullptr;
+    if (!req.counted_by.empty()) {
+      auto l = requests_.find(req.counted_by);
+      if (l != requests_.end() && l->second.req.n_followers > 0) leader = &l->second;
+    }
+    if (leader == nullptr && admitted_weight_ + weight > config_.max_requests) {
       return resource_exhausted("server is at its request bound: " + std::to_string(admitted_weight_) +
                                 " requests and choices in flight" +
                                 (weight > 1 ? " + this request's " + std::to_string(weight) + " choices" : std::string()) +
@@ -170,7 +176,11 @@ Status Scheduler::submit(PendingRequest req, PlacedFn on_placed, FailedFn on_fai
     e.on_placed = std::move(on_placed);
     e.on_failed = std::move(on_failed);
     queued_prompt_tokens_ += req.n_prompt_tokens;
-    admitted_weight_ += weight;
+    if (leader != nullptr) {
+      --leader->req.n_followers;
+    } else {
+      admitted_weight_ += weight;
+    }
     e.req = std::move(req);
     queue_.insert(key_of(e));
     const std::string id = e.req.id;

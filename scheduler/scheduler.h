@@ -148,6 +148,11 @@ struct PendingRequest {
   // they count here against max_requests while this request is admitted. (Their KV blocks are
   // the decode worker's to admit, fork by fork.)
   int32_t n_followers = 0;
+  // A follower whose fork was refused, admitted with its own KV: the id of the leader attempt
+  // whose n_followers counted it. While that leader is admitted with a follower left to count, the
+  // follower's count moves to this request (no bound check: it was admitted with the leader);
+  // otherwise it counts as any request.
+  std::string counted_by;
 
   // What a placement policy sees of it.
   PlacementRequest placement() const {

@@ -59,6 +59,30 @@ TEST_CASE("a request's n choices count against max_requests while it is admitted
   h.sched.cancel("n4");
   h.sched.finished("n3");
   CHECK(h.sched.n_admitted() == 0);
+
+  // A follower whose fork was refused comes back on its own: its leader counted it, so the count
+  // moves over (no bound check, no second count) while the leader has a follower left to count.
+  REQUIRE(with_followers("lead", 6).ok());  // 7 of the 8
+  REQUIRE(h.submit("one", 16, 1).ok());    // 8
+  auto refused_fork = [&](const std::string& id, const std::string& leader) {
+    PendingRequest r;
+    r.id = id;
+    r.n_prompt_tokens = 16;
+    r.n_total_tokens = 2 * kBlockSize;
+    r.counted_by = leader;
+    r.arrival = h.clock.now();
+    return h.submit(std::move(r));
+  };
+  for (int i = 0; i < 6; ++i) REQUIRE(refused_fork("f" + std::to_string(i), "lead").ok());
+  CHECK(h.sched.n_admitted() == 8);
+  // The leader has no follower left to count: a seventh is counted as any request (and refused).
+  CHECK(refused_fork("f6", "lead").code() == StatusCode::kResourceExhausted);
+  h.sched.finished("lead");  // the leader ends before its followers: they stay counted
+  CHECK(h.sched.n_admitted() == 7);
+  REQUIRE(refused_fork("f6", "lead").ok());  // its leader is gone: counted on its own
+  CHECK(h.sched.n_admitted() == 8);
+  for (const char* id : {"one", "f0", "f1", "f2", "f3", "f4", "f5", "f6"}) h.sched.finished(id);
+  CHECK(h.sched.n_admitted() == 0);
 }
 
 TEST_CASE("the queued prompt token bound refuses at once, a prompt over the bound is invalid", "[scheduler]") {
