@@ -34,12 +34,13 @@ TEST_CASE("a request's n choices count against max_requests while it is admitted
   Harness h(cfg);
   h.prefill_worker("p:1");
   h.decode_worker("d:1", 100);
-  auto with_followers = [&](const std::string& id, int32_t n_followers) {
+  auto with_followers = [&](const std::string& id, int32_t n_followers, const std::string& counted_by = {}) {
     PendingRequest r;
     r.id = id;
     r.n_prompt_tokens = 16;
     r.n_total_tokens = 2 * kBlockSize;
     r.n_followers = n_followers;
+    r.counted_by = counted_by;
     r.arrival = h.clock.now();
     return h.submit(std::move(r));
   };
@@ -64,15 +65,7 @@ TEST_CASE("a request's n choices count against max_requests while it is admitted
   // moves over (no bound check, no second count) while the leader has a follower left to count.
   REQUIRE(with_followers("lead", 6).ok());  // 7 of the 8
   REQUIRE(h.submit("one", 16, 1).ok());    // 8
-  auto refused_fork = [&](const std::string& id, const std::string& leader) {
-    PendingRequest r;
-    r.id = id;
-    r.n_prompt_tokens = 16;
-    r.n_total_tokens = 2 * kBlockSize;
-    r.counted_by = leader;
-    r.arrival = h.clock.now();
-    return h.submit(std::move(r));
-  };
+  auto refused_fork = [&](const std::string& id, const std::string& leader) { return with_followers(id, 0, leader); };
   for (int i = 0; i < 6; ++i) REQUIRE(refused_fork("f" + std::to_string(i), "lead").ok());
   CHECK(h.sched.n_admitted() == 8);
   // The leader has no follower left to count: a seventh is counted as any request (and refused).
