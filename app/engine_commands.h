@@ -30,7 +30,7 @@ bool use_native_weights(const std::string& weights, const Backend& backend, bool
 // (`native` means native for every step).
 Model::Weights weights_plan(const std::string& weights, const Backend& backend, bool decodes, bool prefills);
 inline constexpr const char* kWeightsHelp =
-    "GEMM weights: native (the file's quantised blocks, where kernels exist: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), dense "
+    "GEMM weights: native (the file's quantised blocks, where kernels exist: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), dense "
     "(dequantised to --dtype), or auto (native for decoding where this CPU has AVX-512 VNNI and --dtype is bf16)";
 
 // Prints "baton: error: <message>" on stderr and returns the exit code: kExitUsage for bad input

@@ -15,9 +15,16 @@ On the same threads, in one run, it measures
     fraction of the measured bandwidth;
   - llama.cpp's llama-bench pp512 / tg128 on the GGUFs (../shared/tools/peer-bench, which builds
     llama.cpp outside the repository), when --peer-bench names it.
-Prints a Markdown report (bench/RESULTS.md keeps the measured ones) and writes --json.
+Prints a Markdown report (bench/RESULTS.md keeps the measured ones) and writes --json. The benches'
+tables are read by the names in their headers: a column missing stops the run, saying which.
 
-  bench/model_1b.py [--dir /tmp/baton-1b] [--threads N] [--peer-bench PATH] [--json out.json] [--make-only]
+--small runs the same code on a tiny model of the same architecture (hidden 256, 2 layers, 4 heads
+/ 2 KV heads, head dim 64, FFN 512, vocab 2048; prefill 64 tokens, decode context 64 and 16 steps,
+the bandwidth over 256 MiB per thread) in seconds, without llama.cpp: tests/e2e/test_bench_model_1b.py
+runs it so that the script keeps working. Its figures say nothing of 1B (the weights fit in cache).
+
+  bench/model_1b.py [--small] [--dir /tmp/baton-1b] [--threads N] [--build DIR] [--baton PATH]
+                    [--peer-bench PATH] [--json out.json] [--make-only]
 """
 
 from __future__ import annotations
@@ -38,17 +45,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from hf_models import byte_level_tokenizer, to_bf16_bits, write_safetensors  # noqa: E402
 
-SHAPE = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn=8192, vocab=128256, ctx=4096)
+# The model's shape and the runs' sizes: the prefill's prompt tokens, the decode's context and steps,
+# and the GiB per thread the bandwidth reads. Every matrix row of both shapes is a whole number of
+# Q4_0's 32-value blocks (hidden and FFN widths are multiples of 32).
+SIZES = {
+    "1b": dict(shape=dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn=8192, vocab=128256, ctx=4096),
+               prefill=512, context=512, steps=64, stream_gib=1.0),
+    "small": dict(shape=dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=2048, ctx=512),
+                  prefill=64, context=64, steps=16, stream_gib=0.25),
+}
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def make_weights(seed: int) -> dict[str, np.ndarray]:
-    """HF-named tensors as bf16 bits (uint16), N(0, 1/fan_in) so activations stay O(1)."""
+def make_weights(s: dict, seed: int) -> dict[str, np.ndarray]:
+    """HF-named tensors of shape `s` as bf16 bits (uint16), N(0, 1/fan_in) so activations stay O(1)."""
     rng = np.random.default_rng(seed)
-    s = SHAPE
     head_dim = s["dim"] // s["n_heads"]
 
     def mat(rows, cols):
@@ -72,16 +86,19 @@ def make_weights(seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def write_hf(out: Path, w: dict[str, np.ndarray]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    byte_level_tokenizer(out)
-    s = SHAPE
-    (out / "config.json").write_text(json.dumps({
+def hf_config(s: dict) -> dict:
+    return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s["dim"],
         "intermediate_size": s["ffn"], "num_hidden_layers": s["n_layers"], "num_attention_heads": s["n_heads"],
         "num_key_value_heads": s["n_kv_heads"], "head_dim": s["dim"] // s["n_heads"], "vocab_size": s["vocab"],
         "max_position_embeddings": s["ctx"], "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16"}))
+        "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
+def write_hf(out: Path, s: dict, w: dict[str, np.ndarray]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    byte_level_tokenizer(out)
+    (out / "config.json").write_text(json.dumps(hf_config(s)))
     write_safetensors(out / "model.safetensors", {k: (bf16_to_f32(v), "BF16") for k, v in w.items()})
 
 
@@ -90,9 +107,8 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, w: dict[str, np.ndarray], qtype: str) -> None:
+def write_gguf(path: Path, s: dict, w: dict[str, np.ndarray], qtype: str) -> None:
     import gguf
-    s = SHAPE
     g = gguf.GGUFWriter(str(path), "llama")
     g.add_context_length(s["ctx"])
     g.add_embedding_length(s["dim"])
@@ -149,10 +165,11 @@ def write_gguf(path: Path, w: dict[str, np.ndarray], qtype: str) -> None:
     g.close()
 
 
-def stream_bandwidth(threads: int) -> float:
-    """GB/s of `threads` numpy reductions over 1 GiB each, run at once: the best of three passes of
+def stream_bandwidth(threads: int, gib: float) -> float:
+    """GB/s of `threads` numpy reductions over `gib` GiB each, run at once: the best of three passes of
     each of sum, max and an integer xor (numpy's reductions differ by up to a third here)."""
-    arrays = [np.ones(1 << 28, dtype=np.float32) for _ in range(threads)]
+    n = int(gib * (1 << 28))  # float32s
+    arrays = [np.ones(n, dtype=np.float32) for _ in range(threads)]
     best = 0.0
     for reduce in (np.sum, np.max, lambda a: np.bitwise_xor.reduce(a.view(np.uint64))):
         for _ in range(3):
@@ -169,7 +186,7 @@ def stream_bandwidth(threads: int) -> float:
             t0 = time.perf_counter()
             for t in ts:
                 t.join()
-            best = max(best, threads * (1 << 30) / (time.perf_counter() - t0) / 1e9)
+            best = max(best, threads * n * 4 / (time.perf_counter() - t0) / 1e9)
     return best
 
 
@@ -180,35 +197,78 @@ def run(cmd: list[str], timeout: int = 1800) -> str:
     return p.stdout
 
 
+# Runs argv[1:] and adds its wall seconds and peak RSS to stderr's end, as /usr/bin/time -f would
+# (which a bare Debian lacks). A small process of its own spawns the command: at exec Linux carries
+# the spawning process's peak RSS into the child's, and this script's is gigabytes.
+TIME_CMD = ("import os, sys, time; t0 = time.perf_counter(); "
+            "pid = os.posix_spawnp(sys.argv[1], sys.argv[1:], os.environ); _, status, usage = os.wait4(pid, 0); "
+            "print(f'wall_s={time.perf_counter() - t0} maxrss_kb={usage.ru_maxrss}', file=sys.stderr); "
+            "sys.exit(os.waitstatus_to_exitcode(status))")
+
+
 def load_and_rss(baton: Path, model: Path, threads: int) -> tuple[float, float]:
     """Wall seconds and peak RSS (GiB) of `baton generate` of one token."""
-    t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(baton), "generate", "--model", str(model),
+    p = subprocess.run([sys.executable, "-c", TIME_CMD, str(baton), "generate", "--model", str(model),
                         "--prompt-ids", "1,2,3", "--max-tokens", "1", "--threads", str(threads), "--block-size", "16"],
                        capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(p.stderr[-2000:])
-    rss = int(re.search(r"maxrss_kb=(\d+)", p.stderr).group(1)) * 1024 / 2**30
-    return wall, rss
+    m = re.search(r"wall_s=([\d.e+-]+) maxrss_kb=(\d+)", p.stderr)
+    return float(m.group(1)), int(m.group(2)) * 1024 / 2**30
 
 
-def table_rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
-            if line.startswith("| ") and not line.startswith("| dtype") and not line.startswith("| batch")]
+def bench_table(cmd: list[str], columns: tuple[str, ...]) -> list[dict[str, float]]:
+    """Runs a bench that prints a Markdown table; its rows as {column: value} for `columns`, each found
+    by its name in the table's header. Exits, naming the bench and the columns it has, where one is
+    missing, a row's cells do not match the header or a value is no number: a table that changes
+    stops the run instead of giving another column's figures."""
+    text = run(cmd)
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    bench = Path(cmd[0]).name
+    heads = [i for i in range(len(lines) - 1) if set(lines[i + 1]) <= set("|-: ")]
+    if not heads:
+        sys.exit(f"model_1b: {bench} printed no Markdown table (a header, then |---|):\n{text}")
+    header = cells(lines[heads[0]])
+    missing = [c for c in columns if c not in header]
+    if missing:
+        sys.exit(f"model_1b: {bench}'s table has no column {', '.join(map(repr, missing))} "
+                 f"(its columns: {', '.join(map(repr, header))})")
+    rows = []
+    for line in lines[heads[0] + 2:]:
+        row = cells(line)
+        if len(row) != len(header):
+            sys.exit(f"model_1b: {bench}'s row has {len(row)} cells, its header {len(header)}:\n{text}")
+        try:
+            rows.append({c: float(row[header.index(c)]) for c in columns})
+        except ValueError:
+            sys.exit(f"model_1b: {bench}: a value in {', '.join(map(repr, columns))} is no number:\n{text}")
+    if not rows:
+        sys.exit(f"model_1b: {bench}'s table has no rows:\n{text}")
+    return rows
 
 
-def weight_bytes_per_step(path: Path) -> int:
+def row_where(rows: list[dict[str, float]], column: str, value: float, bench: str) -> dict[str, float]:
+    """The row of a bench_table whose `column` is `value`; exits where there is none."""
+    for row in rows:
+        if row[column] == value:
+            return row
+    sys.exit(f"model_1b: {bench}'s table has no row of {column} {value}: {rows}")
+
+
+def weight_bytes_per_step(path: Path, s: dict) -> int:
     """Bytes of every matrix a decode step reads (all but the norms; the tied embedding as the LM head)."""
     if path.is_dir():
-        return sum(v * 2 for v in param_counts().values())
+        return sum(v * 2 for v in param_counts(s).values())
     import gguf
     r = gguf.GGUFReader(str(path))
     return sum(int(t.n_bytes) for t in r.tensors if "norm" not in t.name)
 
 
-def param_counts() -> dict[str, int]:
-    s = SHAPE
+def param_counts(s: dict) -> dict[str, int]:
     hd = s["dim"] // s["n_heads"]
     per_layer = s["dim"] * (s["n_heads"] * hd * 2 + s["n_kv_heads"] * hd * 2) + 3 * s["dim"] * s["ffn"]
     return {"layers": s["n_layers"] * per_layer, "embedding": s["vocab"] * s["dim"]}
@@ -216,58 +276,79 @@ def param_counts() -> dict[str, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", default="/tmp/baton-1b")
+    ap.add_argument("--small", action="store_true", help="a tiny model of the same architecture, short runs")
+    ap.add_argument("--dir", help="where the three forms are written (/tmp/baton-1b, with --small /tmp/baton-1b-small)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--baton", help="the baton binary (default: BUILD/baton)")
     ap.add_argument("--peer-bench", help="../shared/tools/peer-bench, to run llama.cpp on the GGUFs")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--make-only", action="store_true", help="write the three forms and stop")
     a = ap.parse_args()
-    out, build = Path(a.dir), Path(a.build)
+    if a.small and a.peer_bench:
+        ap.error("--peer-bench runs llama-bench's pp512 / tg128, sized for the 1B model: not with --small")
+    size = "small" if a.small else "1b"
+    z = SIZES[size]
+    s = z["shape"]
+    out = Path(a.dir or ("/tmp/baton-1b-small" if a.small else "/tmp/baton-1b"))
+    build = Path(a.build)
+    baton = Path(a.baton) if a.baton else build / "baton"
     out.mkdir(parents=True, exist_ok=True)
     forms = {"hf-bf16": out / "hf", "gguf-bf16": out / "model-bf16.gguf", "gguf-q4_0": out / "model-q4_0.gguf"}
+    made = forms["hf-bf16"] / "config.json"
+    if made.exists() and json.loads(made.read_text()) != hf_config(s):
+        sys.exit(f"model_1b: {out} holds a model of another shape: remove it, or name another --dir")
     if not all(p.exists() for p in forms.values()):
         t0 = time.perf_counter()
-        w = make_weights(a.seed)
+        w = make_weights(s, a.seed)
         if not forms["hf-bf16"].exists():
-            write_hf(forms["hf-bf16"], w)
+            write_hf(forms["hf-bf16"], s, w)
         for form, qtype in (("gguf-bf16", "BF16"), ("gguf-q4_0", "Q4_0")):
             if not forms[form].exists():
-                write_gguf(forms[form], w, qtype)
+                write_gguf(forms[form], s, w, qtype)
         del w
-        print(f"made the three forms in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(f"made the three forms in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     if a.make_only:
         return 0
-    n = param_counts()
-    print(f"model: Llama 3.2 1B shape, {sum(n.values()) / 1e9:.3f} B parameters (tied embeddings), threads {a.threads}")
-    bw = stream_bandwidth(a.threads)
+    n = param_counts(s)
+    what = "Llama 3.2 1B shape" if size == "1b" else (
+        "Llama 3.2 1B's architecture, small: hidden {dim}, {n_layers} layers, {n_heads}/{n_kv_heads} heads, "
+        "FFN {ffn}, vocab {vocab}".format(**s))
+    print(f"model: {what}, {sum(n.values()) / 1e9:.3g} B parameters (tied embeddings), threads {a.threads}")
+    bw = stream_bandwidth(a.threads, z["stream_gib"])
     print(f"streaming read bandwidth: {bw:.1f} GB/s ({a.threads} threads)")
-    results = {"threads": a.threads, "bandwidth_gb_s": bw, "forms": {}}
-    print("\n| form | file GiB | load s | peak RSS GiB | prefill 512 bf16 tok/s | prefill 512 f32 tok/s | "
+    t, ctx, steps = z["prefill"], z["context"], z["steps"]
+    results = {"size": size, "shape": s, "prefill_tokens": t, "decode_context": ctx, "decode_steps": steps,
+               "threads": a.threads, "bandwidth_gb_s": bw, "forms": {}}
+    print(f"\n| form | file GiB | load s | peak RSS GiB | prefill {t} bf16 tok/s | prefill {t} f32 tok/s | "
           "decode tok/s | bytes/step GB | roofline | llama.cpp pp512 | llama.cpp tg128 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, path in forms.items():
-        size = (sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size) / 2**30
-        load_s, rss = load_and_rss(build / "baton", path, a.threads)
+        size_gib = (sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size) / 2**30
+        load_s, rss = load_and_rss(baton, path, a.threads)
         prefill = {}
         for dtype in ("bf16", "f32"):
-            rows = table_rows(run([str(build / "bench" / "baton_bench_prefill"), str(path), "--dtype", dtype, "512"]))
-            prefill[dtype] = float(rows[0][3])
-        rows = table_rows(run([str(build / "bench" / "baton_bench_decode"), str(path), "--batch", "1", "--context", "512",
-                               "--steps", "64", "--threads", str(a.threads)]))
-        step_ms, decode = float(rows[0][4]), float(rows[0][5])
-        step_bytes = weight_bytes_per_step(path)
+            rows = bench_table([str(build / "bench" / "baton_bench_prefill"), str(path), "--dtype", dtype, str(t)],
+                               ("prompt tokens", "prefill tok/s"))
+            prefill[dtype] = row_where(rows, "prompt tokens", t, "baton_bench_prefill")["prefill tok/s"]
+        # "ms per step" is the median step, "output tok/s" batch / median.
+        rows = bench_table([str(build / "bench" / "baton_bench_decode"), str(path), "--batch", "1", "--context",
+                            str(ctx), "--steps", str(steps), "--threads", str(a.threads)],
+                           ("batch", "ms per step", "output tok/s"))
+        row = row_where(rows, "batch", 1, "baton_bench_decode")
+        step_ms, decode = row["ms per step"], row["output tok/s"]
+        step_bytes = weight_bytes_per_step(path, s)
         roofline = step_bytes / (step_ms / 1e3) / 1e9 / bw
         peer = {}
         if a.peer_bench and path.suffix == ".gguf":
             peer = json.loads(run([a.peer_bench, str(path), str(a.threads)], timeout=3600).strip().splitlines()[-1])
-        results["forms"][name] = dict(file_gib=size, load_s=load_s, rss_gib=rss, prefill_bf16=prefill["bf16"],
+        results["forms"][name] = dict(file_gib=size_gib, load_s=load_s, rss_gib=rss, prefill_bf16=prefill["bf16"],
                                       prefill_f32=prefill["f32"], decode_tok_s=decode, step_ms=step_ms,
                                       step_bytes=step_bytes, roofline=roofline, peer=peer)
         pp, tg = peer.get("pp512_tok_s"), peer.get("tg128_tok_s")
-        print(f"| {name} | {size:.2f} | {load_s:.1f} | {rss:.2f} | {prefill['bf16']:.0f} | {prefill['f32']:.0f} | "
-              f"{decode:.2f} | {step_bytes / 1e9:.2f} | {roofline:.0%} | {pp if pp else '-'} | {tg if tg else '-'} |",
+        print(f"| {name} | {size_gib:.3g} | {load_s:.2f} | {rss:.3g} | {prefill['bf16']:.0f} | {prefill['f32']:.0f} | "
+              f"{decode:.2f} | {step_bytes / 1e9:.3g} | {roofline:.0%} | {pp if pp else '-'} | {tg if tg else '-'} |",
               flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))

@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
+#include <sys/mman.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -102,20 +103,23 @@ class CpuKvCache final : public KvCache {
  public:
   explicit CpuKvCache(const KvCacheConfig& c) : KvCache(c) {
     layer_elems = static_cast<size_t>(c.n_blocks) * c.block_size * c.n_kv_heads * c.head_dim;
-    size_t bytes = 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(c.n_layers);
-    memory.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
-    BATON_CHECK(memory != nullptr, "cannot allocate %zu bytes of KV cache", bytes);
-    std::memset(memory.get(), 0, bytes);
+    bytes = 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(c.n_layers);
+    // Anonymous pages: zero, and resident only once a block is written (the pool hands out the
+    // lowest free blocks first), so the process holds the KV it uses, not the pool's bound.
+    void* p = mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    BATON_CHECK(p != MAP_FAILED, "cannot map %zu bytes of KV cache", bytes);
+    memory = static_cast<char*>(p);
   }
+  ~CpuKvCache() override { munmap(memory, std::max<size_t>(bytes, 1)); }
+  CpuKvCache(const CpuKvCache&) = delete;
+  CpuKvCache& operator=(const CpuKvCache&) = delete;
   cpu::KvLayerView layer(int l) const {
     const KvCacheConfig& c = config();
-    char* base = memory.get() + 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(l);
+    char* base = memory + 2 * layer_elems * dtype_size(c.dtype) * static_cast<size_t>(l);
     return {base, base + layer_elems * dtype_size(c.dtype), c.dtype, c.block_size, c.n_kv_heads, c.head_dim};
   }
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> memory;
+  char* memory = nullptr;
+  size_t bytes = 0;
   size_t layer_elems = 0;
 };
 

@@ -1,4 +1,5 @@
-// Native (quantised) weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) against a
+// Native (quantised) weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+// Q5_K, Q6_K) against a
 // reference that dequantises the same blocks (model/dequant.cpp) and quantises the activations
 // the way the kernel documents, summed in double; the fast (AVX-512 VNNI) and portable kernels
 // both; shapes with row counts that are not multiples of the 16-row weight tile or of the 8
@@ -19,12 +20,22 @@ using namespace baton;
 
 namespace {
 
-constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+constexpr uint32_t kAllTypes[] = {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K};
 
 size_t block_bytes(uint32_t type) {
-  return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  switch (type) {
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
+    case kQ5_0: return 22;
+    case kQ5_1: return 24;
+    case kQ8_0: return 34;
+    case kQ4_K: return 144;
+    case kQ5_K: return 176;
+    default: return 210;
+  }
 }
-int64_t block_elems(uint32_t type) { return type == kQ4_K || type == kQ6_K ? 256 : 32; }
+int64_t block_elems(uint32_t type) { return type == kQ4_K || type == kQ5_K || type == kQ6_K ? 256 : 32; }
 
 void put_fp16(uint8_t* p, float v) {
   const uint16_t h = fp32_to_fp16(v);
@@ -39,11 +50,11 @@ std::vector<uint8_t> random_blocks(uint32_t type, int64_t n, int64_t k, std::mt1
   std::vector<uint8_t> out(static_cast<size_t>(n * k / block_elems(type)) * bb);
   for (size_t b = 0; b < out.size() / bb; ++b) {
     uint8_t* p = out.data() + b * bb;
-    if (type == kQ4_K || type == kQ6_K) {
+    if (type == kQ4_K || type == kQ5_K || type == kQ6_K) {
       // Every byte random (any scales, minimums and quants are a valid block), then the fp16
       // super-block scales set to realistic values (a random fp16 could be infinite).
       for (size_t i = 0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
-      if (type == kQ4_K) {
+      if (type != kQ6_K) {
         put_fp16(p, scale(rng) / 8);     // d: times a 6-bit sub-block scale
         put_fp16(p + 2, scale(rng) / 8);  // dmin
       } else {
@@ -53,7 +64,7 @@ std::vector<uint8_t> random_blocks(uint32_t type, int64_t n, int64_t k, std::mt1
     }
     put_fp16(p, (byte(rng) & 1 ? 1 : -1) * scale(rng));
     size_t q0 = 2;
-    if (type == kQ4_1) {
+    if (type == kQ4_1 || type == kQ5_1) {
       put_fp16(p + 2, minimum(rng));
       q0 = 4;
     }
@@ -138,7 +149,7 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
   const unsigned seed = rd();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
-  for (uint32_t type : {kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ6_K}) {
+  for (uint32_t type : kAllTypes) {
     for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 96, 576}, {2, 13, 64}, {3, 40, 1536}, {4, 7, 128}, {5, 33, 576}, {8, 96, 192}, {12, 17, 96},
              {17, 20, 576}, {33, 9, 256}}) {
@@ -147,7 +158,7 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
       check_case({type, m, n, k}, rng, /*portable=*/true);
     }
   }
-  for (uint32_t type : {kQ4_K, kQ6_K}) {
+  for (uint32_t type : {kQ4_K, kQ5_K, kQ6_K}) {
     check_case({type, 1, 64, 2048}, rng, false);
     check_case({type, 6, 50, 768}, rng, false);
     check_case({type, 6, 50, 768}, rng, true);
@@ -159,8 +170,8 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
 TEST_CASE("native weights: what does not repack is refused", "[kernels][quant]") {
   std::mt19937 rng(1);
   CHECK_FALSE(cpu::quant_type_supported(0));   // f32
-  CHECK_FALSE(cpu::quant_type_supported(13));  // Q5_K: no kernel
-  CHECK(cpu::repack_quant(13, {}, 1, 256).status().code() == StatusCode::kInvalidArgument);
+  CHECK_FALSE(cpu::quant_type_supported(9));   // Q8_1: no kernel (files do not hold it)
+  CHECK(cpu::repack_quant(9, {}, 1, 256).status().code() == StatusCode::kInvalidArgument);
   CHECK(cpu::repack_quant(kQ4_K, random_blocks(kQ4_K, 1, 256, rng), 1, 128).status().code() ==
         StatusCode::kInvalidArgument);  // a K-quant row is whole super-blocks of 256
   CHECK(cpu::repack_quant(kQ4_1, random_blocks(kQ4_1, 2, 96, rng), 2, 64).status().code() ==
@@ -171,4 +182,32 @@ TEST_CASE("native weights: what does not repack is refused", "[kernels][quant]")
   auto w = cpu::repack_quant(kQ4_1, random_blocks(kQ4_1, 32, 128, rng), 32, 128);
   REQUIRE(w.ok());
   CHECK(w->bytes() < 32 * 128 * 2);  // fewer bytes than bf16
+}
+
+TEST_CASE("native weights read the bytes the file holds, tensor by tensor", "[kernels][quant]") {
+  // Llama-3.2-1B's and SmolLM2-135M's projection shapes ([n outputs, k inputs]) and a row count
+  // that is not whole 16-row tiles (its padding is the only excess).
+  std::mt19937 rng(7);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {40, 512}};
+  for (uint32_t type : kAllTypes) {
+    for (const auto& [n, k] : shapes) {
+      if (k % block_elems(type) != 0) continue;
+      CAPTURE(type, n, k);
+      const auto blocks = random_blocks(type, n, k, rng);
+      auto w = cpu::repack_quant(type, blocks, n, k);
+      REQUIRE(w.ok());
+      const int64_t n_padded = (n + 15) / 16 * 16;
+      const double file_bytes = static_cast<double>(blocks.size()) * static_cast<double>(n_padded) / static_cast<double>(n);
+      const double ratio = static_cast<double>(w->bytes()) / file_bytes;
+      INFO("native " << w->bytes() << " bytes, file (padded to whole tiles) " << file_bytes << ": " << ratio);
+      if (type == kQ4_K || type == kQ5_K) {
+        // The 6-bit sub-block scales and minimums take a byte each: 4.625 bits a weight for 4.5,
+        // 5.625 for 5.5.
+        CHECK(ratio == Approx(type == kQ4_K ? 4.625 / 4.5 : 5.625 / 5.5).epsilon(1e-9));
+      } else {
+        CHECK(ratio == Approx(1.0).epsilon(1e-9));
+      }
+    }
+  }
 }
