@@ -206,6 +206,9 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) = 0;
   // out[t] = table[ids[t]]
   virtual void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
+  // True when embed() can gather rows of this GEMM weight itself (a tied LM head that is also the
+  // embedding table: one copy of it instead of two).
+  virtual bool embeds_from(const Matrix& gemm_weight) const { return false; }
   // Rotates q [T, n_head*head_dim] and k [T, n_kv*head_dim] in place at their positions.
   virtual void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim,
                     const RopeConfig& rope) = 0;

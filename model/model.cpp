@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -33,10 +34,12 @@ int64_t first_non_finite(std::span<const float> v) {
   return -1;
 }
 
-// The tensor `name` dequantised to f32, checked to be [rows, cols] (cols fastest) and finite; the
-// time the finite check took is added to `*check_seconds`.
-Result<std::vector<float>> load_tensor(const ModelSource& f, const std::string& name, int64_t rows, int64_t cols,
-                                       double* check_seconds) {
+// The tensor `name`, checked to be [rows, cols] (cols fastest), dequantised to f32 in chunks of
+// whole rows, each checked finite and passed to `chunk(values, first_row, n_rows)`; the time the
+// finite check took is added to `*check_seconds`.
+Status for_each_row_chunk(const ModelSource& f, const std::string& name, int64_t rows, int64_t cols,
+                          double* check_seconds,
+                          const std::function<void(std::span<const float>, int64_t, int64_t)>& chunk) {
   const std::optional<SourceTensor> t = f.tensor(name);
   if (!t) return not_found("tensor '" + name + "' is missing from the model");
   const bool is_vector = rows == 1;
@@ -49,17 +52,47 @@ Result<std::vector<float>> load_tensor(const ModelSource& f, const std::string& 
     return invalid_argument("tensor '" + name + "' has shape [" + dims + "], expected [" + std::to_string(cols) +
                             (is_vector ? "" : ", " + std::to_string(rows)) + "] (ggml order)");
   }
-  std::vector<float> values(static_cast<size_t>(is_vector ? cols : rows * cols));
-  BATON_RETURN_IF_ERROR(dequantize(t->type, t->data, values.data(), static_cast<int64_t>(values.size())));
-  // A corrupt file (bytes overwritten, a bad scale) can dequantise to NaN or infinity: every
-  // logit would be NaN and every token 0. Refuse it here, naming the tensor.
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t bad = first_non_finite(values);
-  *check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (bad >= 0) {
-    return data_loss("tensor '" + name + "' holds a value that is not finite (NaN or infinity) at element " +
-                     std::to_string(bad) + " after dequantisation: the model file is corrupt");
+  // A row is whole blocks (GGUF's rule); a chunk of rows is about 1 MiB of f32.
+  if (!ggml_type_supported(t->type)) return dequantize(t->type, {}, nullptr, 0);  // names the types it reads
+  const GgmlTypeTraits traits = ggml_type_traits(t->type);
+  if (cols % traits.block_elems != 0) {
+    return invalid_argument("tensor '" + name + "' has rows of " + std::to_string(cols) + " values, not whole " +
+                            ggml_type_name(t->type) + " blocks of " + std::to_string(traits.block_elems));
   }
+  const size_t row_bytes = static_cast<size_t>(cols / traits.block_elems) * traits.block_bytes;
+  if (t->data.size() != row_bytes * static_cast<size_t>(rows)) {
+    return invalid_argument("tensor '" + name + "' holds " + std::to_string(t->data.size()) + " bytes, expected " +
+                            std::to_string(row_bytes * static_cast<size_t>(rows)));
+  }
+  const int64_t chunk_rows = std::clamp<int64_t>((int64_t{1} << 18) / cols, 1, rows);
+  std::vector<float> values(static_cast<size_t>(chunk_rows * cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const std::span<float> v(values.data(), static_cast<size_t>(n * cols));
+    BATON_RETURN_IF_ERROR(dequantize(t->type, t->data.subspan(static_cast<size_t>(r0) * row_bytes, n * row_bytes),
+                                     v.data(), static_cast<int64_t>(v.size())));
+    // A corrupt file (bytes overwritten, a bad scale) can dequantise to NaN or infinity: every
+    // logit would be NaN and every token 0. Refuse it here, naming the tensor.
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t bad = first_non_finite(v);
+    *check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (bad >= 0) {
+      return data_loss("tensor '" + name + "' holds a value that is not finite (NaN or infinity) at element " +
+                       std::to_string(r0 * cols + bad) + " after dequantisation: the model file is corrupt");
+    }
+    chunk(v, r0, n);
+  }
+  return {};
+}
+
+// The tensor `name` dequantised to f32, checked as for_each_row_chunk checks it.
+Result<std::vector<float>> load_tensor(const ModelSource& f, const std::string& name, int64_t rows, int64_t cols,
+                                       double* check_seconds) {
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  BATON_RETURN_IF_ERROR(for_each_row_chunk(f, name, rows, cols, check_seconds,
+                                           [&](std::span<const float> v, int64_t r0, int64_t) {
+                                             std::copy(v.begin(), v.end(), values.begin() + r0 * cols);
+                                           }));
   return values;
 }
 
@@ -131,6 +164,32 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const ModelSource& f,
                                                  const std::vector<std::pair<std::string, int64_t>>& parts,
                                                  int64_t cols) {
   const bool native = weights_ != Weights::kDense;
+  // The backend keeps its own copies (packed, repacked or uploaded): the file's pages can go.
+  const auto release = [&] {
+    for (const auto& part : parts) f.release(part.first);
+  };
+  if (weights_ == Weights::kNative) {
+    // Repacked straight from the file's blocks, then checked finite a chunk of rows at a time:
+    // loading holds the weights, not an f32 copy of the largest one.
+    std::vector<Backend::QuantizedPart> quantized;
+    bool present = true;
+    for (const auto& [name, part_rows] : parts) {
+      const std::optional<SourceTensor> t = f.tensor(name);
+      present = present && t.has_value();
+      if (t) quantized.push_back({static_cast<uint32_t>(t->type), t->data, part_rows});
+    }
+    if (present) {
+      if (auto m = backend_.make_quantized_matrix(quantized, cols, nullptr)) {
+        for (const auto& [name, part_rows] : parts) {
+          BATON_RETURN_IF_ERROR(for_each_row_chunk(f, name, part_rows, cols, &finite_check_seconds_,
+                                                   [](std::span<const float>, int64_t, int64_t) {}));
+        }
+        ++n_native_;
+        release();
+        return m;
+      }
+    }
+  }
   int64_t rows = 0;
   std::vector<float> dense;
   std::vector<Backend::QuantizedPart> quantized;
@@ -148,13 +207,8 @@ Result<std::unique_ptr<Matrix>> Model::load_gemm(const ModelSource& f,
       dense.insert(dense.end(), values.begin(), values.end());
     }
   }
-  // The backend keeps its own copies (packed, repacked or uploaded): the file's pages can go.
-  const auto release = [&] {
-    for (const auto& part : parts) f.release(part.first);
-  };
-  if (native) {
-    const float* keep_dense = weights_ == Weights::kNativeAndDense ? dense.data() : nullptr;
-    if (auto m = backend_.make_quantized_matrix(quantized, cols, keep_dense)) {
+  if (weights_ == Weights::kNativeAndDense) {
+    if (auto m = backend_.make_quantized_matrix(quantized, cols, dense.data())) {
       ++n_native_;
       release();
       return m;
@@ -179,11 +233,12 @@ Status Model::load_weights(const ModelSource& f, const LoadProgress& progress) {
   if (f.tensor("rope_freqs.weight")) {
     BATON_ASSIGN_OR_RETURN(config_.rope.freq_factors, tensor("rope_freqs.weight", 1, c.rope.n_rot / 2));
   }
-  BATON_ASSIGN_OR_RETURN(std::vector<float> embd, tensor("token_embd.weight", c.n_vocab, c.dim));
-  tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
-  embd = {};
   BATON_ASSIGN_OR_RETURN(lm_head_, load_gemm(f, {{c.tied_output ? "token_embd.weight" : "output.weight", c.n_vocab}}, c.dim));
-  if (!c.tied_output) f.release("token_embd.weight");
+  if (!c.tied_output || !be.embeds_from(*lm_head_)) {  // else the tied head is the table: one copy
+    BATON_ASSIGN_OR_RETURN(std::vector<float> embd, tensor("token_embd.weight", c.n_vocab, c.dim));
+    tok_embd_ = be.make_matrix(embd.data(), c.n_vocab, c.dim, MatrixUse::kTable);
+  }
+  f.release("token_embd.weight");
   BATON_ASSIGN_OR_RETURN(std::vector<float> onorm, tensor("output_norm.weight", 1, c.dim));
   out_norm_ = be.make_matrix(onorm.data(), 1, c.dim, MatrixUse::kVector);
 
@@ -296,7 +351,7 @@ void Model::run(const StepBatch& batch, KvCache& cache, const LayerDone& layer_d
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   auto body = [&] {
-    timed(be, "embed", [&] { be.embed(*tok_embd_, batch.tokens().data(), n, x); });
+    timed(be, "embed", [&] { be.embed(tok_embd_ ? *tok_embd_ : *lm_head_, batch.tokens().data(), n, x); });
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& w = layers_[l];
       timed(be, "rms_norm", [&] { be.rms_norm(x, *w.attn_norm, c.rms_eps, h); });

@@ -93,7 +93,7 @@ class Model {
   ModelConfig config_;
   std::string fingerprint_;
   Backend& backend_;
-  std::unique_ptr<Matrix> tok_embd_;   // (n_vocab, dim) table
+  std::unique_ptr<Matrix> tok_embd_;   // (n_vocab, dim) table; null when it is the tied lm_head_
   std::unique_ptr<Matrix> out_norm_;   // (dim)
   std::unique_ptr<Matrix> lm_head_;    // (n_vocab, dim) gemm weight
   std::vector<LayerWeights> layers_;

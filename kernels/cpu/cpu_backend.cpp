@@ -297,7 +297,16 @@ class CpuBackend final : public Backend {
   void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) override {
     cpu::rms_norm(x, vec(w), eps, out);
   }
+  bool embeds_from(const Matrix& m) const override {
+    const auto* q = dynamic_cast<const CpuQuantMatrix*>(&m);
+    return q != nullptr && q->parts.size() == 1;
+  }
   void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) override {
+    if (const auto* q = dynamic_cast<const CpuQuantMatrix*>(&table)) {
+      BATON_CHECK(q->parts.size() == 1 && out.rows == n && out.cols == table.cols(), "embed shape mismatch");
+      for (int64_t r = 0; r < n; ++r) cpu::dequantize_row(q->parts[0], ids[r], out.f32() + r * out.ld);
+      return;
+    }
     if (const auto* t = dynamic_cast<const CpuBf16Table*>(&table)) {
       const int64_t dim = table.cols();
       BATON_CHECK(out.rows == n && out.cols == dim, "embed shape mismatch");

@@ -108,6 +108,8 @@ void quantize_for(const Tensor& x, QuantizedX* out) {
   out->dx.resize(static_cast<size_t>(rows * nb));
   out->t.resize(static_cast<size_t>(rows * nb));
   out->sx.resize(static_cast<size_t>(rows * nb * 2));
+  // A prefill's rows split across the team (one decode row stays on the calling thread).
+#pragma omp parallel for schedule(static) if (rows > 1 && worth_parallel(rows * k))
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x.f32() + r * x.ld;
     for (int64_t b = 0; b < nb; ++b) {
@@ -504,6 +506,17 @@ Result<QuantWeights> repack_quant(uint32_t type, std::span<const uint8_t> blocks
     }
   }
   return w;
+}
+
+void dequantize_row(const QuantWeights& w, int64_t row, float* out) {
+  const int64_t tile = row / kQuantTileRows;
+  for (int64_t b = 0; b < w.n_blocks(); ++b) {
+    const uint8_t* rec = w.record(tile, b);
+    const BlockParams p = block_params(w, row, b);
+    for (int e = 0; e < 32; ++e) {
+      out[b * 32 + e] = p.d[e / 16] * static_cast<float>(quant_of(w, rec, row, e) - p.offset) + p.m;
+    }
+  }
 }
 
 void quantize_activations(const float* x, int64_t rows, int64_t k, int64_t ld, int8_t* qx, float* dx) {

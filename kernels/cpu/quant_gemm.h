@@ -135,6 +135,10 @@ bool quant_gemm_fast();
 void quant_gemm(const Tensor& x, const QuantWeights& w, const float* bias, const Tensor& y, bool accumulate,
                 bool portable = false);
 
+// Row `row` of the weight, dequantised (n floats of k): a gather from a tied LM head that is
+// also the embedding table.
+void dequantize_row(const QuantWeights& w, int64_t row, float* out);
+
 // The activation quantisation quant_gemm applies, in natural element order, for references:
 // qx[r·k + j], dx[r·k/32 + b].
 void quantize_activations(const float* x, int64_t rows, int64_t k, int64_t ld, int8_t* qx, float* dx);

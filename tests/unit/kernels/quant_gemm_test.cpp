@@ -211,3 +211,25 @@ TEST_CASE("native weights read the bytes the file holds, tensor by tensor", "[ke
     }
   }
 }
+
+TEST_CASE("native weights: a row gathered back is the file's dequantised row, exactly", "[kernels][quant]") {
+  std::random_device rd;
+  const unsigned seed = rd();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (uint32_t type : kAllTypes) {
+    const int64_t n = 37, k = 512;  // a partial last tile
+    const auto blocks = random_blocks(type, n, k, rng);
+    auto w = cpu::repack_quant(type, blocks, n, k);
+    REQUIRE(w.ok());
+    std::vector<float> ref(static_cast<size_t>(n * k)), row(static_cast<size_t>(k));
+    REQUIRE(dequantize(ggml(type), blocks, ref.data(), n * k).ok());
+    for (int64_t r : {int64_t{0}, int64_t{15}, int64_t{16}, int64_t{36}}) {
+      CAPTURE(type, r);
+      cpu::dequantize_row(*w, r, row.data());
+      int64_t mismatches = 0;
+      for (int64_t j = 0; j < k; ++j) mismatches += row[j] != ref[r * k + j];
+      CHECK(mismatches == 0);
+    }
+  }
+}
