@@ -163,51 +163,43 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& file, Backend& backen
 Result<std::unique_ptr<Matrix>> Model::load_gemm(const ModelSource& f,
                                                  const std::vector<std::pair<std::string, int64_t>>& parts,
                                                  int64_t cols) {
-  const bool native = weights_ != Weights::kDense;
   // The backend keeps its own copies (packed, repacked or uploaded): the file's pages can go.
   const auto release = [&] {
     for (const auto& part : parts) f.release(part.first);
   };
-  if (weights_ == Weights::kNative) {
+  // A native plan's parts, as the file's blocks (a missing one fails in load_tensor below).
+  std::vector<Backend::QuantizedPart> quantized;
+  for (const auto& [name, part_rows] : parts) {
+    const std::optional<SourceTensor> t = weights_ == Weights::kDense ? std::nullopt : f.tensor(name);
+    if (t) quantized.push_back({static_cast<uint32_t>(t->type), t->data, part_rows});
+  }
+  const bool all_parts = quantized.size() == parts.size();
+  if (weights_ == Weights::kNative && all_parts) {
     // Repacked straight from the file's blocks, then checked finite a chunk of rows at a time:
     // loading holds the weights, not an f32 copy of the largest one.
-    std::vector<Backend::QuantizedPart> quantized;
-    bool present = true;
-    for (const auto& [name, part_rows] : parts) {
-      const std::optional<SourceTensor> t = f.tensor(name);
-      present = present && t.has_value();
-      if (t) quantized.push_back({static_cast<uint32_t>(t->type), t->data, part_rows});
-    }
-    if (present) {
-      if (auto m = backend_.make_quantized_matrix(quantized, cols, nullptr)) {
-        for (const auto& [name, part_rows] : parts) {
-          BATON_RETURN_IF_ERROR(for_each_row_chunk(f, name, part_rows, cols, &finite_check_seconds_,
-                                                   [](std::span<const float>, int64_t, int64_t) {}));
-        }
-        ++n_native_;
-        release();
-        return m;
+    if (auto m = backend_.make_quantized_matrix(quantized, cols, nullptr)) {
+      for (const auto& [name, part_rows] : parts) {
+        BATON_RETURN_IF_ERROR(for_each_row_chunk(f, name, part_rows, cols, &finite_check_seconds_,
+                                                 [](std::span<const float>, int64_t, int64_t) {}));
       }
+      ++n_native_;
+      release();
+      return m;
     }
   }
   int64_t rows = 0;
   std::vector<float> dense;
-  std::vector<Backend::QuantizedPart> quantized;
   for (const auto& [name, part_rows] : parts) {
     // Checks shape and that every value is finite.
     BATON_ASSIGN_OR_RETURN(std::vector<float> values, load_tensor(f, name, part_rows, cols, &finite_check_seconds_));
     rows += part_rows;
-    if (native) {
-      const SourceTensor t = *f.tensor(name);
-      quantized.push_back({static_cast<uint32_t>(t.type), t.data, part_rows});
-    }
     if (dense.empty()) {
       dense = std::move(values);
     } else {
       dense.insert(dense.end(), values.begin(), values.end());
     }
   }
-  if (weights_ == Weights::kNativeAndDense) {
+  if (weights_ == Weights::kNativeAndDense && all_parts) {
     if (auto m = backend_.make_quantized_matrix(quantized, cols, dense.data())) {
       ++n_native_;
       release();
