@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "app/engine_commands.h"
+#include "common/memory_limit.h"
 #include "server/request_validation.h"
 
 namespace baton {
@@ -43,9 +44,20 @@ void add_serve_flags(CLI::App* c, ServeArgs& a) {
       ->check(CLI::IsMember({"tcp", "cuda_ipc", "nccl"}))
       ->envname("BATON_KV_TRANSPORT");
   c->add_option("--block-size", a.block_size, "KV block size in tokens")->check(CLI::Range(1, 4096))->envname("BATON_BLOCK_SIZE");
-  c->add_option("--kv-blocks", a.kv_blocks, "KV blocks per worker (0: automatic)")
-      ->check(CLI::NonNegativeNumber)
-      ->envname("BATON_KV_BLOCKS");
+  CLI::Option* kv_blocks = c->add_option("--kv-blocks", a.kv_blocks, "KV blocks per worker (0: automatic)")
+                               ->check(CLI::NonNegativeNumber)
+                               ->envname("BATON_KV_BLOCKS");
+  c->add_option("--kv-memory", a.kv_memory,
+                "KV pool per worker in bytes (512MiB, 1.5G) or as a share of the memory still available once "
+                "the model is loaded (30%: of the memory limit, else of MemAvailable)")
+      ->check(
+          [](const std::string& text) {
+            const Result<MemoryAmount> amount = parse_memory_amount(text);
+            return amount.ok() ? std::string() : amount.status().message();
+          },
+          "SIZE|N%")
+      ->excludes(kv_blocks)
+      ->envname("BATON_KV_MEMORY");
   c->add_option("--prefill-addresses", a.prefill_addresses, "Frontend: prefill workers, host:port,...")
       ->envname("BATON_PREFILL_ADDRESSES");
   c->add_option("--prefill-dns", a.prefill_dns, "Frontend: host:port resolving to every prefill worker")

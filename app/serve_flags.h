@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string weights = "auto";      // auto | native | dense (engine_commands.h)
   int block_size = 16;
   int kv_blocks = 0;
+  std::string kv_memory;  // empty: kv_blocks or the default (common/memory_limit.h's MemoryAmount)
   // frontend
   std::string prefill_addresses, prefill_dns, decode_addresses, decode_dns;
   int max_requests = 256;

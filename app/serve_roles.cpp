@@ -1,6 +1,7 @@
 #include "app/serve_roles.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "common/memory_limit.h"
@@ -119,13 +120,36 @@ namespace {
 // slack. A decode worker of SmolLM2 at batch 32 stays within a fifth of it.
 constexpr int64_t kKvReserveBytes = int64_t{256} << 20;
 
+// --kv-memory as blocks of `block_bytes` (0 where it is not given): a share is of the host memory
+// still available, so it needs a pool in host memory.
+Result<int64_t> kv_memory_blocks(const ServeArgs& a, const LoadedModel& m, int64_t block_bytes) {
+  if (a.kv_memory.empty()) return int64_t{0};
+  BATON_ASSIGN_OR_RETURN(const MemoryAmount amount, parse_memory_amount(a.kv_memory));
+  if (amount.fraction > 0 && !m.backend->host_memory()) {
+    return invalid_argument("--kv-memory " + a.kv_memory + ": a share of free memory sizes host-memory KV pools; " +
+                            "this backend keeps KV on its device: give bytes (e.g. 4GiB)");
+  }
+  const int64_t bytes = memory_amount_bytes(amount, available_memory());
+  const int64_t blocks = std::min<int64_t>(bytes / block_bytes, std::numeric_limits<int>::max());
+  if (blocks < 1) {
+    return invalid_argument("--kv-memory " + a.kv_memory + " (" + std::to_string(bytes) + " bytes) holds no KV block: " +
+                            "a block of " + std::to_string(a.block_size) + " tokens is " + std::to_string(block_bytes) +
+                            " bytes of " + dtype_name(m.kv_dtype) + " KV");
+  }
+  spdlog::info("--kv-memory {}: {} KV blocks of {} bytes", a.kv_memory, blocks, block_bytes);
+  return blocks;
+}
+
 Result<int> decode_kv_blocks(const ServeArgs& a, const LoadedModel& m) {
   const int64_t blocks_per_context = (m.model->config().n_ctx + a.block_size - 1) / a.block_size;
+  const int64_t block_bytes = decode_kv_block_bytes(m.model->config(), a.block_size, m.kv_dtype);
+  BATON_ASSIGN_OR_RETURN(const int64_t from_memory, kv_memory_blocks(a, m, block_bytes));
+  const int64_t asked = from_memory > 0 ? from_memory : a.kv_blocks;
+  const std::string asked_flag = from_memory > 0 ? "--kv-memory " + a.kv_memory : "--kv-blocks " + std::to_string(asked);
   // Default: room for 8 full-context sequences, as far as the memory limit allows.
-  const int64_t wanted = a.kv_blocks > 0 ? a.kv_blocks : 8 * blocks_per_context;
+  const int64_t wanted = asked > 0 ? asked : 8 * blocks_per_context;
   const std::optional<int64_t> limit = cgroup_memory_limit();
   if (!m.backend->host_memory() || !limit) return static_cast<int>(wanted);
-  const int64_t block_bytes = decode_kv_block_bytes(m.model->config(), a.block_size, m.kv_dtype);
   const int64_t resident = resident_bytes();
   const int64_t fits = blocks_within(*limit, resident, kKvReserveBytes, block_bytes);
   if (wanted <= fits) return static_cast<int>(wanted);
@@ -133,10 +157,10 @@ Result<int> decode_kv_blocks(const ServeArgs& a, const LoadedModel& m) {
   const std::string budget = "the memory limit (" + mib(*limit) + ") leaves " +
                              mib(std::max<int64_t>(0, *limit - resident - kKvReserveBytes)) + " after the loaded model (" +
                              mib(resident) + " resident) and a " + mib(kKvReserveBytes) + " reserve";
-  if (a.kv_blocks > 0) {
-    return resource_exhausted("--kv-blocks " + std::to_string(a.kv_blocks) + " needs " + mib(wanted * block_bytes) +
-                              " of " + dtype_name(m.kv_dtype) + " KV, but " + budget + ": give --kv-blocks " +
-                              std::to_string(fits) + " or less, a smaller --kv-dtype, or a higher memory limit");
+  if (asked > 0) {
+    return resource_exhausted(asked_flag + " needs " + mib(wanted * block_bytes) + " of " + dtype_name(m.kv_dtype) +
+                              " KV, but " + budget + ": give --kv-blocks " + std::to_string(fits) + " (--kv-memory " +
+                              mib(fits * block_bytes) + ") or less, a smaller --kv-dtype, or a higher memory limit");
   }
   if (fits < blocks_per_context) {
     return resource_exhausted("the decode KV pool would not hold one full context (" +
@@ -204,7 +228,9 @@ Result<std::unique_ptr<PrefillRole>> start_prefill(const ServeArgs& a, const Sec
   pc.token_budget = a.prefill_token_budget;
   pc.block_size = a.block_size;
   pc.kv_dtype = r->m.kv_dtype;
-  pc.n_blocks = a.kv_blocks;
+  BATON_ASSIGN_OR_RETURN(const int64_t from_memory,
+                         kv_memory_blocks(a, r->m, decode_kv_block_bytes(r->m.model->config(), a.block_size, r->m.kv_dtype)));
+  pc.n_blocks = from_memory > 0 ? static_cast<int>(from_memory) : a.kv_blocks;
   pc.name = name;
   // The device transports hold one communicator (nccl) or staging window per decode worker for a
   // whole transfer: a transfer open across a prompt's prefill would hold up the next one, so they

@@ -107,7 +107,9 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, s: dict, w: dict[str, np.ndarray], qtype: str) -> None:
+def llama_gguf_writer(path: Path, s: dict, file_type):
+    """A GGUFWriter at `path` with a Llama of shape `s`'s metadata and a byte-level vocabulary (the 256 byte
+    symbols, EOS, placeholders up to the embeddings); the caller adds the tensors."""
     import gguf
     g = gguf.GGUFWriter(str(path), "llama")
     g.add_context_length(s["ctx"])
@@ -120,8 +122,7 @@ def write_gguf(path: Path, s: dict, w: dict[str, np.ndarray], qtype: str) -> Non
     g.add_rope_freq_base(500000.0)
     g.add_layer_norm_rms_eps(1e-5)
     g.add_vocab_size(s["vocab"])
-    g.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == "BF16" else gguf.LlamaFileType.MOSTLY_Q4_0)
-    # A byte-level vocabulary of the 256 byte symbols, EOS, and placeholders up to the embeddings.
+    g.add_file_type(file_type)
     alphabet = [chr(c) for c in sorted(set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100)))]
     extra = [chr(0x100 + n) for n in range(256 - len(alphabet))]
     tokens = alphabet + extra + ["<|endoftext|>", "\u0120t"]  # one merge: GGUF readers require the list
@@ -136,6 +137,12 @@ def write_gguf(path: Path, s: dict, w: dict[str, np.ndarray], qtype: str) -> Non
     g.add_eos_token_id(256)
     g.add_bos_token_id(256)
     g.add_add_bos_token(False)
+    return g
+
+
+def write_gguf(path: Path, s: dict, w: dict[str, np.ndarray], qtype: str) -> None:
+    import gguf
+    g = llama_gguf_writer(path, s, gguf.LlamaFileType.MOSTLY_BF16 if qtype == "BF16" else gguf.LlamaFileType.MOSTLY_Q4_0)
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}

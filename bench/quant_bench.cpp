@@ -45,11 +45,19 @@ struct Type {
 };
 constexpr Type kTypes[] = {{"Q4_0", 2, 18, 32},   {"Q4_1", 3, 20, 32},   {"Q5_0", 6, 22, 32},
                            {"Q5_1", 7, 24, 32},   {"Q8_0", 8, 34, 32},   {"Q4_K", 12, 144, 256},
-                           {"Q5_K", 13, 176, 256}, {"Q6_K", 14, 210, 256}};
+                           {"Q5_K", 13, 176, 256}, {"Q6_K", 14, 210, 256}, {"BF16", 30, 64, 32}};
 
 // Random blocks whose fp16 scales are small finite numbers (every other byte is any value).
 std::vector<uint8_t> random_blocks(const Type& t, int64_t n, int64_t k, std::mt19937& rng) {
   std::vector<uint8_t> out(static_cast<size_t>(n * k / t.block_elems) * t.block_bytes);
+  if (t.id == 30) {  // BF16: small finite values
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (size_t i = 0; i < out.size(); i += 2) {
+      const uint16_t h = fp32_to_bf16(nd(rng));
+      std::memcpy(out.data() + i, &h, 2);
+    }
+    return out;
+  }
   for (auto& b : out) b = static_cast<uint8_t>(rng());
   const uint16_t small = fp32_to_fp16(0.01f);
   for (size_t b = 0; b < out.size(); b += t.block_bytes) {

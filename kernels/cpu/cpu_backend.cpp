@@ -219,8 +219,15 @@ class CpuBackend final : public Backend {
       i = j;
     }
     if (repacked.empty()) return nullptr;
+    // BF16 weights under bf16 compute keep no dense copy for long prompts: the native kernel
+    // computes the same products (bf16 × bf16, f32 sums) as the dense GEMM, at 0.9× its prefill
+    // speed on the 1B model (bench/RESULTS.md), in half the memory of two copies.
+    const bool all_bf16 = std::all_of(repacked.begin(), repacked.end(),
+                                      [](const cpu::QuantWeights& w) { return w.kind == cpu::QuantKind::kBF16; });
     auto m = std::make_unique<CpuQuantMatrix>(std::move(repacked), rows, cols);
-    if (dense != nullptr) m->dense = make_matrix(dense, rows, cols, MatrixUse::kGemm);
+    if (dense != nullptr && !(all_bf16 && compute_dtype() == DType::kBF16)) {
+      m->dense = make_matrix(dense, rows, cols, MatrixUse::kGemm);
+    }
     return m;
   }
   bool native_weights_fast() const override { return cpu::quant_gemm_fast(); }

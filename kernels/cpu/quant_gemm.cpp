@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "common/check.h"
 #include "kernels/half.h"
@@ -18,7 +19,8 @@ namespace baton::cpu {
 namespace {
 
 // GGUF type ids (model/gguf.h's GgmlType; kernels/ does not see model/).
-constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+                   kBF16 = 30;
 
 // Activation rows per pass over a weight tile: 8 int32 and 8 f32 accumulators plus the block's 8
 // weight vectors fit AVX-512's 32 registers; more rows take another pass over the tile (in L1).
@@ -61,6 +63,12 @@ int32_t quant_of(const QuantWeights& w, const uint8_t* rec, int64_t row, int e) 
   return lo | (hi << 4);
 }
 
+// BF16: row `row`'s value of input e in the block at `rec` (chunk e / 2, lane, half e % 2).
+size_t bf16_byte(int64_t row, int e) {
+  return static_cast<size_t>((e / 2) * 64 + (e % 2) * 2) + static_cast<size_t>(row % kQuantTileRows) * 4;
+}
+float bf16_of(const uint8_t* rec, int64_t row, int e) { return bf16_to_fp32(fp16_bits(rec + bf16_byte(row, e))); }
+
 // What one block of one row is, for the portable kernel: value_e = d[e / 16]·(u_e − offset) + m.
 struct BlockParams {
   float d[2];
@@ -90,6 +98,7 @@ BlockParams block_params(const QuantWeights& w, int64_t row, int64_t b) {
       p.d[1] = d * static_cast<float>(static_cast<int8_t>(sc[16 + i]));
       break;
     }
+    case QuantScales::kNone: break;  // BF16 has no scales (bf16_of)
   }
   return p;
 }
@@ -100,7 +109,20 @@ struct QuantizedX {
   std::vector<float> dx;    // [rows, k/32]
   std::vector<float> t;     // [rows, k/32]: dx·Σqx, what a block's m multiplies
   std::vector<int32_t> sx;  // [rows, k/32, 2]: Σqx of inputs 0..15 and 16..31, what an offset multiplies
+  std::vector<uint16_t> bf;  // BF16 weights: [rows, k], x rounded to bf16
 };
+
+// x rounded to bf16 per row (BF16 weights' activations).
+void round_for(const Tensor& x, QuantizedX* out) {
+  const int64_t rows = x.rows, k = x.cols;
+  out->bf.resize(static_cast<size_t>(rows * k));
+#pragma omp parallel for schedule(static) if (rows > 1 && worth_parallel(rows * k))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.f32() + r * x.ld;
+    uint16_t* o = out->bf.data() + r * k;
+    for (int64_t j = 0; j < k; ++j) o[j] = fp32_to_bf16(xr[j]);
+  }
+}
 
 void quantize_for(const Tensor& x, QuantizedX* out) {
   const int64_t rows = x.rows, k = x.cols, nb = k / 32;
@@ -145,7 +167,15 @@ void gemm_tile_portable(const QuantizedX& xq, const QuantWeights& w, int64_t til
   const int64_t k = w.k, nb = w.n_blocks();
   const int64_t n_end = std::min(w.n, (tile + 1) * kQuantTileRows);
   for (int64_t n = tile * kQuantTileRows; n < n_end; ++n) {
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < rows && w.kind == QuantKind::kBF16; ++r) {
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* rec = w.record(tile, b);
+        for (int e = 0; e < 32; ++e) acc += bf16_of(rec, n, e) * bf16_to_fp32(xq.bf[r * k + b * 32 + e]);
+      }
+      store_one(y, r, n, acc, bias, accumulate);
+    }
+    for (int64_t r = 0; r < rows && w.kind != QuantKind::kBF16; ++r) {
       const int8_t* q = xq.q.data() + r * k;
       float acc = 0;
       for (int64_t b = 0; b < nb; ++b) {
@@ -196,6 +226,23 @@ BATON_VNNI inline __m512 load_s8x16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// A tile's results for rows r0..r0+R-1: y = acc (+ bias) (+ y with `accumulate`), the tile's
+// padding rows masked off.
+template <int R>
+BATON_VNNI inline void store_tile(const __m512 (&acc)[R], const QuantWeights& w, int64_t tile, int64_t r0,
+                                  const float* bias, const Tensor& y, bool accumulate) {
+  const int64_t n0 = tile * kQuantTileRows;
+  const int64_t n_valid = std::min<int64_t>(kQuantTileRows, w.n - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << n_valid) - 1);
+  const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    float* dst = y.f32() + (r0 + r) * y.ld + n0;
+    __m512 v = _mm512_add_ps(acc[r], bv);
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst));
+    _mm512_mask_storeu_ps(dst, mask, v);
+  }
+}
+
 // Rows r0..r0+R-1 of x against one 16-row tile. Per block: the tile's weights are loaded (the
 // nibbles split, the high bits merged) and its scales converted once, then per row 8 vpdpbusd
 // against broadcast activations, the offset folded into the integer sum, one convert and one or
@@ -233,23 +280,27 @@ BATON_VNNI void gemm_tile_vnni(const QuantizedX& xq, const QuantWeights& w, int6
         wv[j] = _mm512_and_si512(packed, low4);
         wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
       }
+      // wv | (shifted & mask) in one vpternlogd (A | (B & C) is truth table 0xF8).
+      const auto merge = [](__m512i a, __m512i shifted, __m512i mask) {
+        return _mm512_ternarylogic_epi32(a, shifted, mask, 0xF8);
+      };
       if constexpr (kT.high_bits == 1) {  // input 4j + c's bit at j, 16 + 4j + c's at 4 + j: to bit 4
         const __m512i hi = _mm512_loadu_si512(rec + 256);
-        wv[0] = _mm512_or_si512(wv[0], _mm512_and_si512(_mm512_slli_epi16(hi, 4), bit4));
-        wv[1] = _mm512_or_si512(wv[1], _mm512_and_si512(_mm512_slli_epi16(hi, 3), bit4));
-        wv[2] = _mm512_or_si512(wv[2], _mm512_and_si512(_mm512_slli_epi16(hi, 2), bit4));
-        wv[3] = _mm512_or_si512(wv[3], _mm512_and_si512(_mm512_slli_epi16(hi, 1), bit4));
-        wv[4] = _mm512_or_si512(wv[4], _mm512_and_si512(hi, bit4));
-        wv[5] = _mm512_or_si512(wv[5], _mm512_and_si512(_mm512_srli_epi16(hi, 1), bit4));
-        wv[6] = _mm512_or_si512(wv[6], _mm512_and_si512(_mm512_srli_epi16(hi, 2), bit4));
-        wv[7] = _mm512_or_si512(wv[7], _mm512_and_si512(_mm512_srli_epi16(hi, 3), bit4));
+        wv[0] = merge(wv[0], _mm512_slli_epi16(hi, 4), bit4);
+        wv[1] = merge(wv[1], _mm512_slli_epi16(hi, 3), bit4);
+        wv[2] = merge(wv[2], _mm512_slli_epi16(hi, 2), bit4);
+        wv[3] = merge(wv[3], _mm512_slli_epi16(hi, 1), bit4);
+        wv[4] = merge(wv[4], hi, bit4);
+        wv[5] = merge(wv[5], _mm512_srli_epi16(hi, 1), bit4);
+        wv[6] = merge(wv[6], _mm512_srli_epi16(hi, 2), bit4);
+        wv[7] = merge(wv[7], _mm512_srli_epi16(hi, 3), bit4);
       } else if constexpr (kT.high_bits == 2) {  // chunk h: input 16h + 4j + c's bits at 2j: to bits 4..5
         for (int h = 0; h < 2; ++h) {
           const __m512i hi = _mm512_loadu_si512(rec + 256 + h * 64);
-          wv[4 * h + 0] = _mm512_or_si512(wv[4 * h + 0], _mm512_and_si512(_mm512_slli_epi16(hi, 4), bits45));
-          wv[4 * h + 1] = _mm512_or_si512(wv[4 * h + 1], _mm512_and_si512(_mm512_slli_epi16(hi, 2), bits45));
-          wv[4 * h + 2] = _mm512_or_si512(wv[4 * h + 2], _mm512_and_si512(hi, bits45));
-          wv[4 * h + 3] = _mm512_or_si512(wv[4 * h + 3], _mm512_and_si512(_mm512_srli_epi16(hi, 2), bits45));
+          wv[4 * h + 0] = merge(wv[4 * h + 0], _mm512_slli_epi16(hi, 4), bits45);
+          wv[4 * h + 1] = merge(wv[4 * h + 1], _mm512_slli_epi16(hi, 2), bits45);
+          wv[4 * h + 2] = merge(wv[4 * h + 2], hi, bits45);
+          wv[4 * h + 3] = merge(wv[4 * h + 3], _mm512_srli_epi16(hi, 2), bits45);
         }
       }
     }
@@ -295,38 +346,93 @@ BATON_VNNI void gemm_tile_vnni(const QuantizedX& xq, const QuantWeights& w, int6
       if (b % 8 == 7) rec += header_bytes;
     }
   }
-  const int64_t n0 = tile * kQuantTileRows;
-  const int64_t n_valid = std::min<int64_t>(kQuantTileRows, w.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << n_valid) - 1);
-  const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  store_tile<R>(acc, w, tile, r0, bias, y, accumulate);
+}
+
+// BF16 weights, rows r0..r0+R-1 of x against one 16-row tile: per pair of inputs one 64-byte
+// chunk (2 inputs × 16 rows) times the broadcast pair of activations. With vdpbf16ps (kDp), one
+// instruction per chunk and row; else the even inputs are the chunk shifted left 16 bits and the
+// odd ones its high halves, as f32, in two FMAs. Few rows get several accumulators each, so a
+// decode row's adds do not wait on each other.
+template <int R, bool kDp>
+BATON_VNNI __attribute__((target("avx512bf16"))) void gemm_tile_bf16(const QuantizedX& xq, const QuantWeights& w,
+                                                                       int64_t tile, int64_t r0, const float* bias,
+                                                                       const Tensor& y, bool accumulate) {
+  constexpr int kAcc = R >= 4 ? 1 : 4 / R;
+  const int64_t k = w.k;
+  __m512 acc[R][kAcc];
   for (int r = 0; r < R; ++r) {
-    float* dst = y.f32() + (r0 + r) * y.ld + n0;
-    __m512 v = _mm512_add_ps(acc[r], bv);
-    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst));
-    _mm512_mask_storeu_ps(dst, mask, v);
+    for (int a = 0; a < kAcc; ++a) acc[r][a] = _mm512_setzero_ps();
   }
+  const __m512i high16 = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const uint8_t* rec = w.record(tile, 0);
+  for (int64_t p = 0; p < k / 2; ++p, rec += 64) {  // records are consecutive: no scales, no headers
+    const __m512i wv = _mm512_loadu_si512(rec);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, xq.bf.data() + (r0 + r) * k + 2 * p, 4);
+      __m512& a = acc[r][p % kAcc];
+      if constexpr (kDp) {
+        a = _mm512_dpbf16_ps(a, (__m512bh)wv, (__m512bh)_mm512_set1_epi32(pair));
+      } else {
+        const uint32_t bits = static_cast<uint32_t>(pair);
+        float even, odd;
+        const uint32_t even_bits = bits << 16, odd_bits = bits & 0xFFFF0000u;
+        std::memcpy(&even, &even_bits, 4);
+        std::memcpy(&odd, &odd_bits, 4);
+        a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)), _mm512_set1_ps(even), a);
+        a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, high16)), _mm512_set1_ps(odd), a);
+      }
+    }
+  }
+  __m512 sum[R];
+  for (int r = 0; r < R; ++r) {
+    sum[r] = acc[r][0];
+    for (int a = 1; a < kAcc; ++a) sum[r] = _mm512_add_ps(sum[r], acc[r][a]);
+  }
+  store_tile<R>(sum, w, tile, r0, bias, y, accumulate);
+}
+
+// pass(std::integral_constant<int, R>, r0) over x's rows: passes of kRowsPerPass rows, then one
+// of the rest (each R its own instantiation: its accumulators in registers).
+template <typename Pass>
+void row_passes(int64_t rows, Pass&& pass) {
+  int64_t r = 0;
+  for (; r + kRowsPerPass <= rows; r += kRowsPerPass) pass(std::integral_constant<int, kRowsPerPass>{}, r);
+  switch (rows - r) {
+    case 7: pass(std::integral_constant<int, 7>{}, r); break;
+    case 6: pass(std::integral_constant<int, 6>{}, r); break;
+    case 5: pass(std::integral_constant<int, 5>{}, r); break;
+    case 4: pass(std::integral_constant<int, 4>{}, r); break;
+    case 3: pass(std::integral_constant<int, 3>{}, r); break;
+    case 2: pass(std::integral_constant<int, 2>{}, r); break;
+    case 1: pass(std::integral_constant<int, 1>{}, r); break;
+    default: break;
+  }
+}
+
+template <bool kDp>
+void gemm_tile_bf16_rows(const QuantizedX& xq, const QuantWeights& w, int64_t tile, int64_t rows, const float* bias,
+                         const Tensor& y, bool accumulate) {
+  row_passes(rows, [&](auto R, int64_t r0) { gemm_tile_bf16<decltype(R)::value, kDp>(xq, w, tile, r0, bias, y, accumulate); });
 }
 
 template <QuantKind K>
 void gemm_tile_vnni_rows(const QuantizedX& xq, const QuantWeights& w, int64_t tile, int64_t rows, const float* bias,
                          const Tensor& y, bool accumulate) {
-  int64_t r = 0;
-  for (; r + kRowsPerPass <= rows; r += kRowsPerPass) {
-    gemm_tile_vnni<kRowsPerPass, K>(xq, w, tile, r, bias, y, accumulate);
-  }
-  switch (rows - r) {
-    case 7: gemm_tile_vnni<7, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 6: gemm_tile_vnni<6, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 5: gemm_tile_vnni<5, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 4: gemm_tile_vnni<4, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 3: gemm_tile_vnni<3, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 2: gemm_tile_vnni<2, K>(xq, w, tile, r, bias, y, accumulate); break;
-    case 1: gemm_tile_vnni<1, K>(xq, w, tile, r, bias, y, accumulate); break;
-    default: break;
-  }
+  row_passes(rows, [&](auto R, int64_t r0) { gemm_tile_vnni<decltype(R)::value, K>(xq, w, tile, r0, bias, y, accumulate); });
 }
 #pragma GCC diagnostic pop
 #endif
+
+bool detect_bf16_dot() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
 
 bool detect_fast() {
 #if defined(__x86_64__)
@@ -343,7 +449,8 @@ bool detect_fast() {
 
 bool quant_type_supported(uint32_t ggml_type) {
   switch (ggml_type) {
-    case kQ4_0: case kQ4_1: case kQ5_0: case kQ5_1: case kQ8_0: case kQ4_K: case kQ5_K: case kQ6_K: return true;
+    case kQ4_0: case kQ4_1: case kQ5_0: case kQ5_1: case kQ8_0: case kQ4_K: case kQ5_K: case kQ6_K: case kBF16:
+      return true;
     default: return false;
   }
 }
@@ -405,10 +512,34 @@ void legacy_quants(const uint8_t* qs, const uint8_t* qh, uint8_t* u) {
   }
 }
 
+// BF16 rows into 16-row tiles of pairs (quant_gemm.h).
+Result<QuantWeights> repack_bf16(std::span<const uint8_t> values, int64_t n, int64_t k) {
+  if (n <= 0 || k <= 0 || k % 32 != 0) {
+    return invalid_argument("native bf16 weights need a row width that is a multiple of 32, got " + std::to_string(k));
+  }
+  if (values.size() != static_cast<size_t>(n * k) * 2) {
+    return invalid_argument("bf16 weight of " + std::to_string(values.size()) + " bytes is not " + std::to_string(n) +
+                            " rows of " + std::to_string(k));
+  }
+  QuantWeights w;
+  w.kind = QuantKind::kBF16;
+  w.n = n;
+  w.k = k;
+  w.data.assign_zero(static_cast<size_t>(w.n_tiles()) * w.tile_bytes());
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      uint8_t* rec = record_of(w, row, b);
+      for (int e = 0; e < 32; ++e) std::memcpy(rec + bf16_byte(row, e), values.data() + (row * k + b * 32 + e) * 2, 2);
+    }
+  }
+  return w;
+}
+
 }  // namespace
 
 Result<QuantWeights> repack_quant(uint32_t type, std::span<const uint8_t> blocks, int64_t n, int64_t k) {
   if (!quant_type_supported(type)) return invalid_argument("no native kernel for ggml type " + std::to_string(type));
+  if (type == kBF16) return repack_bf16(blocks, n, k);
   const bool kquant = type == kQ4_K || type == kQ5_K || type == kQ6_K;
   const int64_t block_elems = kquant ? 256 : 32;
   if (n <= 0 || k <= 0 || k % block_elems != 0) {
@@ -434,7 +565,7 @@ Result<QuantWeights> repack_quant(uint32_t type, std::span<const uint8_t> blocks
   }
   w.n = n;
   w.k = k;
-  w.data.assign(static_cast<size_t>(w.n_tiles()) * w.tile_bytes(), 0);  // padding rows: zero weights and scales
+  w.data.assign_zero(static_cast<size_t>(w.n_tiles()) * w.tile_bytes());  // padding rows: zero weights and scales
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t sb = 0; sb < n_src; ++sb) {
       const uint8_t* blk = blocks.data() + (row * n_src + sb) * block_bytes;
@@ -512,6 +643,10 @@ void dequantize_row(const QuantWeights& w, int64_t row, float* out) {
   const int64_t tile = row / kQuantTileRows;
   for (int64_t b = 0; b < w.n_blocks(); ++b) {
     const uint8_t* rec = w.record(tile, b);
+    if (w.kind == QuantKind::kBF16) {
+      for (int e = 0; e < 32; ++e) out[b * 32 + e] = bf16_of(rec, row, e);
+      continue;
+    }
     const BlockParams p = block_params(w, row, b);
     for (int e = 0; e < 32; ++e) {
       out[b * 32 + e] = p.d[e / 16] * static_cast<float>(quant_of(w, rec, row, e) - p.offset) + p.m;
@@ -533,15 +668,21 @@ void quantize_activations(const float* x, int64_t rows, int64_t k, int64_t ld, i
 }
 
 void quant_gemm(const Tensor& x, const QuantWeights& w, const float* bias, const Tensor& y, bool accumulate,
-                bool portable) {
+                QuantKernel kernel) {
   BATON_CHECK(x.dtype == DType::kF32 && y.dtype == DType::kF32, "quant_gemm takes f32 activations");
   BATON_CHECK(x.cols == w.k && y.cols == w.n && y.rows == x.rows, "quant_gemm shapes");
   const int64_t rows = x.rows;
   if (rows == 0) return;
   thread_local QuantizedX scratch;  // the caller's; the team reads it through `xq`
-  quantize_for(x, &scratch);
+  if (w.kind == QuantKind::kBF16) {
+    round_for(x, &scratch);
+  } else {
+    quantize_for(x, &scratch);
+  }
   const QuantizedX& xq = scratch;
-  const bool fast = quant_gemm_fast() && !portable;
+  const bool fast = quant_gemm_fast() && kernel != QuantKernel::kPortable;
+  static const bool has_bf16_dot = detect_bf16_dot();
+  const bool bf16_dot = has_bf16_dot && kernel != QuantKernel::kNoBf16Dot;
   // One 16-row weight tile at a time, all activation rows against it (the tile stays in L1), the
   // team's threads each a contiguous range of tiles (the weights stream in order).
 #pragma omp parallel for schedule(static) if (worth_parallel(w.n * w.k))
@@ -560,6 +701,13 @@ void quant_gemm(const Tensor& x, const QuantWeights& w, const float* bias, const
         BATON_QUANT_CASE(kW6K)
         BATON_QUANT_CASE(kW8)
 #undef BATON_QUANT_CASE
+        case QuantKind::kBF16:
+          if (bf16_dot) {
+            gemm_tile_bf16_rows<true>(xq, w, tile, rows, bias, y, accumulate);
+          } else {
+            gemm_tile_bf16_rows<false>(xq, w, tile, rows, bias, y, accumulate);
+          }
+          break;
       }
       continue;
     }

@@ -13,6 +13,7 @@
 //   W5K   Q5_K   (D·sc)·u − Dmin·mn             sc, mn u8; D, Dmin fp16 per 256      5.625 (file 5.5)
 //   W6K   Q6_K   (D·sc)·(u − 32), sc per 16     sc int8 ×2; D fp16 per 256           6.5625 (file 6.5625)
 //   W8    Q8_0   d·(u − 128), u = q + 128       d fp16                               8.5   (file 8.5)
+//   BF16  BF16   the value                      –                                    16    (file 16)
 // (K-quants' 6-bit sub-block scales take a byte each: 2.8 % and 2.3 % over the file.)
 // Activations are quantised per call, per row and block of 32, to int8 (x ≈ dx · qx with
 // dx = max|x| / 127, round to nearest even), and each block's dot product is an integer one
@@ -44,17 +45,19 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/huge_bytes.h"
 
 namespace baton::cpu {
 
-enum class QuantKind { kW4, kW4M, kW4K, kW5, kW5M, kW5K, kW6K, kW8 };
+enum class QuantKind { kW4, kW4M, kW4K, kW5, kW5M, kW5K, kW6K, kW8, kBF16 };
 
 // How a kind's scales are kept.
 enum class QuantScales {
   kD,         // d fp16[16]; the kind's offset applies
   kDM,        // d fp16[16], m fp16[16]
   kKMin,      // sc u8[16], mn u8[16]; header D fp16[16], Dmin fp16[16]
-  kKSigned16  // sc int8[2][16] (inputs 0..15, 16..31); header D fp16[16]; offset 32
+  kKSigned16,  // sc int8[2][16] (inputs 0..15, 16..31); header D fp16[16]; offset 32
+  kNone        // BF16: the values themselves
 };
 
 struct QuantTraits {
@@ -72,6 +75,7 @@ constexpr QuantTraits quant_traits(QuantKind kind) {
     case QuantKind::kW5K: return {1, QuantScales::kKMin, 0};
     case QuantKind::kW6K: return {2, QuantScales::kKSigned16, 32};
     case QuantKind::kW8: return {-1, QuantScales::kD, 128};
+    case QuantKind::kBF16: return {-1, QuantScales::kNone, 0};
   }
   return {0, QuantScales::kD, 0};
 }
@@ -87,15 +91,19 @@ struct QuantWeights {
   int64_t k = 0;
   // [tiles, records]: per tile, its blocks' records in order (quant_gemm.h's layout). K-quants'
   // records come 8 to a super-block of 256 inputs, after its header.
-  std::vector<uint8_t> data;
+  HugeBytes data;
   int64_t n_tiles() const { return (n + kQuantTileRows - 1) / kQuantTileRows; }
   int64_t n_blocks() const { return k / 32; }
   QuantTraits traits() const { return quant_traits(kind); }
   size_t quant_bytes() const {
+    if (kind == QuantKind::kBF16) return 1024;
     const int hb = traits().high_bits;
     return hb < 0 ? 512 : 256 + 64 * static_cast<size_t>(hb);
   }
-  size_t scale_bytes() const { return traits().scales == QuantScales::kDM ? 64 : 32; }
+  size_t scale_bytes() const {
+    const QuantScales s = traits().scales;
+    return s == QuantScales::kNone ? 0 : s == QuantScales::kDM ? 64 : 32;
+  }
   size_t record_bytes() const { return quant_bytes() + scale_bytes(); }
   // K-quants: the super-block's header before its 8 records (none for the others).
   size_t super_header_bytes() const {
@@ -120,7 +128,13 @@ struct QuantWeights {
   size_t bytes() const { return data.size(); }
 };
 
-// GGUF block types that repack (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+// BF16 weights are not quantised: their activations are rounded to bf16 (as the dense bf16 GEMM
+// rounds them) and each product summed in f32, with AVX-512 BF16's vdpbf16ps where the CPU has it
+// (AVX-512F shifts and FMAs where not). A record is 16 chunks of 64 bytes, chunk p lane i holding
+// inputs 2p and 2p + 1 of row i, so one instruction is 2 inputs × 16 outputs: a decode step
+// streams the file's bytes through a GEMV with no per-call set-up.
+//
+// GGUF block types that repack (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16).
 bool quant_type_supported(uint32_t ggml_type);
 // Repacks `blocks` (n rows of GGUF blocks of `ggml_type`, row-major). INVALID_ARGUMENT for
 // another type, a k that is not whole blocks, or a byte count that does not match.
@@ -130,10 +144,13 @@ Result<QuantWeights> repack_quant(uint32_t ggml_type, std::span<const uint8_t> b
 // portable kernel computes the same values, slowly, everywhere else.
 bool quant_gemm_fast();
 
+// Which kernel quant_gemm runs: the fastest this CPU has, or (tests compare them) the portable one,
+// or the AVX-512 one without vdpbf16ps for BF16 weights.
+enum class QuantKernel { kBest, kPortable, kNoBf16Dot };
+
 // y[T, N] = x[T, K] · Wᵀ (+ bias), or y += with `accumulate`; x and y f32. Uses OpenMP.
-// `portable` forces the portable kernel (tests compare the two).
 void quant_gemm(const Tensor& x, const QuantWeights& w, const float* bias, const Tensor& y, bool accumulate,
-                bool portable = false);
+                QuantKernel kernel = QuantKernel::kBest);
 
 // Row `row` of the weight, dequantised (n floats of k): a gather from a tied LM head that is
 // also the embedding table.

@@ -116,3 +116,29 @@ def test_model_1b_reads_the_bench_tables_by_column_name(baton_bin, benches, tmp_
     assert p.returncode != 0, p.stdout
     assert "baton_bench_decode's table has no column 'output tok/s'" in p.stderr, p.stderr[-4000:]
     assert "Traceback" not in p.stderr, p.stderr[-4000:]
+
+
+def test_model_8b_small_writes_random_q4_0_and_decodes(benches, tmp_path):
+    """bench/model_8b.py --small: its random Q4_0 blocks read back through `gguf`'s dequantiser with
+    the spread it promises (std fan_in^-1/2 per matrix), an untied output, and a decode round whose
+    table the script reads."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+
+    out = tmp_path / "m8b.gguf"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "model_8b.py"), "--small", "--out", str(out), "--keep",
+                        "--rounds", "1", "--threads", "2", "--build", str(BUILD)],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-4000:]
+    (row,) = [line for line in p.stdout.splitlines() if line.startswith("| 1 |")]
+    assert float(row.split("|")[2]) > 0, p.stdout
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    assert "output.weight" in tensors and len(tensors) == 3 + 2 * 9, sorted(tensors)
+    for name, t in tensors.items():
+        if "norm" in name:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32, name
+            continue
+        assert t.tensor_type == gguf.GGMLQuantizationType.Q4_0, name
+        values = dequantize(t.data, t.tensor_type)
+        fan_in = values.shape[-1]
+        assert abs(values.std() * fan_in ** 0.5 - 1) < 0.05, (name, values.std(), fan_in)

@@ -76,3 +76,46 @@ TEST_CASE("memory limit: this process's resident bytes grow with what it touches
   CHECK(after - before >= (48 << 20));
   CHECK(touched[touched.size() / 2] == 1);
 }
+
+TEST_CASE("--kv-memory: bytes with a unit, or a share of what is available", "[common]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t n = std::uniform_int_distribution<int64_t>(1, 4000)(rng);
+  const auto bytes = [](const std::string& text) { return parse_memory_amount(text).value().bytes; };
+  CHECK(bytes(std::to_string(n)) == n);
+  CHECK(bytes(std::to_string(n) + "B") == n);
+  for (const char* unit : {"K", "k", "KiB", "KB"}) CHECK(bytes(std::to_string(n) + unit) == n * 1024);
+  for (const char* unit : {"M", "MiB", "mb"}) CHECK(bytes(std::to_string(n) + unit) == n << 20);
+  for (const char* unit : {"G", "GiB"}) CHECK(bytes(std::to_string(n) + unit) == n << 30);
+  CHECK(bytes("1.5G") == (int64_t{3} << 29));
+  CHECK(bytes("2T") == int64_t{2} << 40);
+
+  const MemoryAmount share = parse_memory_amount(std::to_string(n % 100 + 1) + "%").value();
+  CHECK(share.bytes == 0);
+  CHECK(share.fraction == Approx((n % 100 + 1) / 100.0));
+  const int64_t available = std::uniform_int_distribution<int64_t>(1 << 20, int64_t{1} << 36)(rng);
+  CHECK(memory_amount_bytes(share, available) == static_cast<int64_t>(share.fraction * static_cast<double>(available)));
+  CHECK(memory_amount_bytes(MemoryAmount{n, 0}, available) == n);  // bytes are bytes, whatever is free
+
+  for (const char* bad : {"", "lots", "0", "-5M", "0%", "101%", "12Q", "1MiBs", "nan", "inf", "1e30", "%", "M"}) {
+    const Result<MemoryAmount> r = parse_memory_amount(bad);
+    INFO(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Matchers::Contains("512MiB"));  // says what it takes
+  }
+}
+
+TEST_CASE("available memory: the limit less what is resident, else MemAvailable", "[common]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t kib = std::uniform_int_distribution<int64_t>(1, int64_t{1} << 30)(rng);
+  const fs::path none = fake_cgroup({{"memory.max", "max\n"}});
+  const fs::path meminfo = none / "meminfo";
+  std::ofstream(meminfo) << "MemTotal:       99999999 kB\nMemFree:          12345 kB\nMemAvailable:   " << kib
+                         << " kB\nBuffers:            1 kB\n";
+  CHECK(available_memory(none.string(), meminfo.string()) == kib * 1024);
+  CHECK(available_memory(none.string(), (none / "missing").string()) == 0);
+  const int64_t limit = resident_bytes() + (int64_t{1} << 30);
+  const int64_t got = available_memory(fake_cgroup({{"memory.max", std::to_string(limit)}}).string(), meminfo.string());
+  CHECK(got > (int64_t{1} << 30) - (int64_t{64} << 20));  // the limit wins over MemAvailable
+  CHECK(got <= int64_t{1} << 30);
+}

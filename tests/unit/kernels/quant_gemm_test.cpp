@@ -1,7 +1,7 @@
-// Native (quantised) weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-// Q5_K, Q6_K) against a
-// reference that dequantises the same blocks (model/dequant.cpp) and quantises the activations
-// the way the kernel documents, summed in double; the fast (AVX-512 VNNI) and portable kernels
+// Native weights: the CPU kernel on random GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K) and random BF16 rows against a reference that dequantises the same blocks
+// (model/dequant.cpp) and quantises the activations the way the kernel documents (int8 blocks;
+// bf16 for BF16 weights), summed in double; the fast (AVX-512 VNNI) and portable kernels
 // both; shapes with row counts that are not multiples of the 16-row weight tile or of the 8
 // activation rows a pass takes; bias and accumulate; and
 // the error against unquantised activations stays at what int8 activations cost.
@@ -20,8 +20,9 @@ using namespace baton;
 
 namespace {
 
-constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
-constexpr uint32_t kAllTypes[] = {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K};
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+                   kBF16 = 30;
+constexpr uint32_t kAllTypes[] = {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kBF16};
 
 size_t block_bytes(uint32_t type) {
   switch (type) {
@@ -30,6 +31,7 @@ size_t block_bytes(uint32_t type) {
     case kQ5_0: return 22;
     case kQ5_1: return 24;
     case kQ8_0: return 34;
+    case kBF16: return 64;  // per 32 values
     case kQ4_K: return 144;
     case kQ5_K: return 176;
     default: return 210;
@@ -48,6 +50,14 @@ std::vector<uint8_t> random_blocks(uint32_t type, int64_t n, int64_t k, std::mt1
   std::uniform_int_distribution<int> byte(0, 255);
   const size_t bb = block_bytes(type);
   std::vector<uint8_t> out(static_cast<size_t>(n * k / block_elems(type)) * bb);
+  if (type == kBF16) {
+    std::normal_distribution<float> value(0.0f, 0.05f);
+    for (size_t i = 0; i < out.size(); i += 2) {
+      const uint16_t h = fp32_to_bf16(value(rng));
+      std::memcpy(out.data() + i, &h, 2);
+    }
+    return out;
+  }
   for (size_t b = 0; b < out.size() / bb; ++b) {
     uint8_t* p = out.data() + b * bb;
     if (type == kQ4_K || type == kQ5_K || type == kQ6_K) {
@@ -85,8 +95,8 @@ struct Case {
   int64_t m, n, k;
 };
 
-void check_case(const Case& c, std::mt19937& rng, bool portable) {
-  CAPTURE(c.type, c.m, c.n, c.k, portable);
+void check_case(const Case& c, std::mt19937& rng, cpu::QuantKernel kernel) {
+  CAPTURE(c.type, c.m, c.n, c.k, static_cast<int>(kernel));
   const auto blocks = random_blocks(c.type, c.n, c.k, rng);
   auto w = cpu::repack_quant(c.type, blocks, c.n, c.k);
   REQUIRE(w.ok());
@@ -109,7 +119,7 @@ void check_case(const Case& c, std::mt19937& rng, bool portable) {
   Tensor xt{x.data(), DType::kF32, c.m, c.k, ld};
   Tensor yt{y.data(), DType::kF32, c.m, c.n, c.n};
   const bool accumulate = (c.m + c.n) % 2 == 0;
-  cpu::quant_gemm(xt, *w, bias.data(), yt, accumulate, portable);
+  cpu::quant_gemm(xt, *w, bias.data(), yt, accumulate, kernel);
 
   std::vector<int8_t> qx(static_cast<size_t>(c.m * c.k));
   std::vector<float> dx(static_cast<size_t>(c.m * c.k / 32));
@@ -120,7 +130,8 @@ void check_case(const Case& c, std::mt19937& rng, bool portable) {
       double ref = 0, mag = 0, exact = 0, exact_mag = 0;
       for (int64_t j = 0; j < c.k; ++j) {
         const double wj = wf[n * c.k + j];
-        const double term = wj * qx[r * c.k + j] * dx[r * (c.k / 32) + j / 32];
+        const double term = c.type == kBF16 ? wj * bf16_to_fp32(fp32_to_bf16(x[r * ld + j]))
+                                            : wj * qx[r * c.k + j] * dx[r * (c.k / 32) + j / 32];
         ref += term;
         mag += std::fabs(term);
         exact += wj * x[r * ld + j];
@@ -131,7 +142,9 @@ void check_case(const Case& c, std::mt19937& rng, bool portable) {
       const double err = std::fabs(got - ref) / (mag + 1e-30);
       worst = std::max(worst, err);
       worst_unquantised = std::max(worst_unquantised, std::fabs(got - exact) / (exact_mag + 1e-30));
-      if (err > 2e-6) {
+      // Integer block sums are exact, so only the blocks' f32 accumulation rounds; BF16 sums
+      // every product in f32.
+      if (err > (c.type == kBF16 ? 2e-5 : 2e-6)) {
         FAIL_CHECK("row " << r << " col " << n << ": got " << got << ", reference " << ref << " (|terms| " << mag << ")");
         return;
       }
@@ -154,17 +167,19 @@ TEST_CASE("native weights: repacked blocks times int8 activations equal the dequ
              {1, 96, 576}, {2, 13, 64}, {3, 40, 1536}, {4, 7, 128}, {5, 33, 576}, {8, 96, 192}, {12, 17, 96},
              {17, 20, 576}, {33, 9, 256}}) {
       if (k % block_elems(type) != 0) continue;
-      check_case({type, m, n, k}, rng, /*portable=*/false);
-      check_case({type, m, n, k}, rng, /*portable=*/true);
+      check_case({type, m, n, k}, rng, cpu::QuantKernel::kBest);
+      check_case({type, m, n, k}, rng, cpu::QuantKernel::kPortable);
+      if (type == kBF16) check_case({type, m, n, k}, rng, cpu::QuantKernel::kNoBf16Dot);
     }
   }
   for (uint32_t type : {kQ4_K, kQ5_K, kQ6_K}) {
-    check_case({type, 1, 64, 2048}, rng, false);
-    check_case({type, 6, 50, 768}, rng, false);
-    check_case({type, 6, 50, 768}, rng, true);
+    check_case({type, 1, 64, 2048}, rng, cpu::QuantKernel::kBest);
+    check_case({type, 6, 50, 768}, rng, cpu::QuantKernel::kBest);
+    check_case({type, 6, 50, 768}, rng, cpu::QuantKernel::kPortable);
   }
   // Big enough that the OpenMP team splits the rows.
-  check_case({kQ4_1, 2, 3000, 576}, rng, false);
+  check_case({kQ4_1, 2, 3000, 576}, rng, cpu::QuantKernel::kBest);
+  check_case({kBF16, 1, 2000, 2048}, rng, cpu::QuantKernel::kBest);
 }
 
 TEST_CASE("native weights: what does not repack is refused", "[kernels][quant]") {
@@ -176,6 +191,8 @@ TEST_CASE("native weights: what does not repack is refused", "[kernels][quant]")
         StatusCode::kInvalidArgument);  // a K-quant row is whole super-blocks of 256
   CHECK(cpu::repack_quant(kQ4_1, random_blocks(kQ4_1, 2, 96, rng), 2, 64).status().code() ==
         StatusCode::kInvalidArgument);  // 3 blocks a row are not 2
+  CHECK(cpu::repack_quant(kBF16, std::vector<uint8_t>(2 * 48 * 2), 2, 48).status().code() ==
+        StatusCode::kInvalidArgument);  // BF16 rows are whole pairs of 16 values
   const auto ok = random_blocks(kQ4_1, 2, 128, rng);
   CHECK(cpu::repack_quant(kQ4_1, std::span(ok).first(ok.size() - 1), 2, 128).status().code() ==
         StatusCode::kInvalidArgument);
