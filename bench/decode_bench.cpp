@@ -11,7 +11,7 @@
 // (specs and masks gathered, tokens observed), the last the masks computed. Output is a Markdown table (bench/RESULTS.md keeps the measured ones).
 //
 //   baton_bench_decode MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16]
-//                      [--weights native|dense] [--threads T] [--logprobs K] [--penalties 1]
+//                      [--weights native|dense|native-only] [--threads T] [--logprobs K] [--penalties 1]
 //                      [--json-schema FILE|object]
 #include <algorithm>
 #include <fstream>
@@ -41,7 +41,7 @@ double now() {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s MODEL.gguf [--batch B]... [--context C] [--steps N] [--kv-dtype f32|bf16] "
-               "[--weights native|dense] [--threads T] [--logprobs K] [--penalties 1] [--json-schema FILE|object]\n",
+               "[--weights native|dense|native-only] [--threads T] [--logprobs K] [--penalties 1] [--json-schema FILE|object]\n",
                argv0);
   return 2;
 }
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   bool penalties = false;
   std::string json_schema;
   DType kv_dtype = DType::kF32;
-  Model::Weights weights = Model::Weights::kNative;
+  Model::Weights weights = Model::Weights::kNativeAndDense;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) return usage(argv[0]);
@@ -76,8 +76,10 @@ int main(int argc, char** argv) {
       json_schema = val;
     } else if (arg == "--kv-dtype" && (val == "f32" || val == "bf16")) {
       kv_dtype = val == "f32" ? DType::kF32 : DType::kBF16;
-    } else if (arg == "--weights" && (val == "native" || val == "dense")) {
-      weights = val == "native" ? Model::Weights::kNative : Model::Weights::kDense;
+    } else if (arg == "--weights" && (val == "native" || val == "dense" || val == "native-only")) {
+      weights = val == "native" ? Model::Weights::kNativeAndDense
+                : val == "dense" ? Model::Weights::kDense
+                                 : Model::Weights::kNative;
     } else {
       return usage(argv[0]);
     }
@@ -97,8 +99,9 @@ int main(int argc, char** argv) {
   }
   // Native weights come with dense ones, as in baton generate: the set-up prefills run on dense
   // weights (fast), every decode step (M <= Backend::kNativeMaxRows) on the native ones.
-  auto model =
-      Model::load(*files->source, *be, {}, weights == Model::Weights::kNative ? Model::Weights::kNativeAndDense : weights);
+  // native-only holds the native ones alone (a model whose dense copy would not fit: the set-up
+  // prefills run on them too).
+  auto model = Model::load(*files->source, *be, {}, weights);
   if (!model.ok()) {
     std::fprintf(stderr, "baton: error: %s\n", model.status().message().c_str());
     return 1;
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     std::printf("| %d | %d–%d | %s | %s | %s | %.2f | %.1f | %.2f | %.3f | %s |\n", b, context, context + steps,
-                dtype_name(kv_dtype), weights == Model::Weights::kNative ? "native" : "dense", sampling, median * 1e3,
+                dtype_name(kv_dtype), weights == Model::Weights::kDense ? "dense" : "native", sampling, median * 1e3,
                 b / median, mean * 1e3, sampler_seconds / steps * 1e3,
                 sp.constraint ? std::to_string(sp.constraint->n_masks()).c_str() : "–");
     std::fflush(stdout);
