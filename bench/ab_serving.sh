@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+source bench/start_local.sh
 old=${1:?usage: bench/ab_serving.sh OLD_BATON NEW_BATON [ROUNDS]} new=${2:?usage: bench/ab_serving.sh OLD_BATON NEW_BATON [ROUNDS]}
 rounds=${3:-3}
 model="${BATON_MODEL:-$(./scripts/fetch-model.sh)}"
@@ -19,15 +20,7 @@ for round in $(seq 1 "$rounds"); do
     bin=$old
     [ "$side" = new ] && bin=$new
     log="$out/server-$side-$round.log"
-    "$bin" local --model "$model" --listen 127.0.0.1:0 >"$log" 2>&1 &
-    pid=$!
-    port=""
-    for _ in $(seq 1 240); do
-      port=$(sed -n 's/^listening on port \([0-9]*\)$/\1/p' "$log")
-      [ -n "$port" ] && break
-      sleep 0.5
-    done
-    [ -n "$port" ] || { echo "ab_serving: $bin did not start (see $log)" >&2; kill "$pid"; exit 1; }
+    start_local "$log" "$bin" --model "$model"
     seed=$((seed + 1))
     "$ctl" bench --address "127.0.0.1:$port" --requests 32 --concurrency 8 --prompt-tokens 256 --output-tokens 64 \
       --warmup 8 --seed "$seed" --json "$out/$side-$round.json" >"$out/bench-$side-$round.txt" 2>&1

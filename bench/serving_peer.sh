@@ -11,6 +11,8 @@
 #   bench/serving_peer.sh MODEL.gguf LLAMA_SERVER PEER_BENCH [ROUNDS] [PROMPT] [OUTPUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
+source bench/start_local.sh
 usage="usage: bench/serving_peer.sh MODEL.gguf LLAMA_SERVER PEER_BENCH [ROUNDS] [PROMPT_TOKENS] [OUTPUT_TOKENS]"
 model=${1:?$usage} llama=${2:?$usage} peer=${3:?$usage}
 rounds=${4:-2} prompt=${5:-256} output=${6:-64}
@@ -46,15 +48,7 @@ for round in $(seq 1 "$rounds"); do
       else
         extra=()
         [ "$side" = colocated ] && extra=(--prefill-workers 0 --local-prefill-max-tokens 1000000)
-        "$baton" local --model "$model" --listen 127.0.0.1:0 "${extra[@]}" >"$log" 2>&1 &
-        pid=$!
-        port=""
-        for _ in $(seq 1 480); do
-          port=$(sed -n 's/^listening on port \([0-9]*\)$/\1/p' "$log")
-          [ -n "$port" ] && break
-          sleep 0.5
-        done
-        [ -n "$port" ] || { echo "serving_peer: baton did not start (see $log)" >&2; kill "$pid"; exit 1; }
+        start_local "$log" "$baton" --model "$model" "${extra[@]}"
         "$ctl" bench --address "127.0.0.1:$port" --requests "$n" --concurrency "$conc" --prompt-tokens "$prompt" \
           --output-tokens "$output" --warmup 1 --seed "$seed" >"$out/bench-$side-c$conc-$round.txt" 2>&1
         line=$(grep -E '^throughput|^  ttft|^  itl|^cached' "$out/bench-$side-c$conc-$round.txt" | tr -s ' ' | tr '\n' '|')
