@@ -77,7 +77,7 @@ TEST_CASE("memory limit: this process's resident bytes grow with what it touches
   CHECK(touched[touched.size() / 2] == 1);
 }
 
-TEST_CASE("--kv-memory: bytes with a unit, or a share of what is available", "[common]") {
+TEST_CASE("KV memory amounts (--kv-memory): bytes with a unit, or a share of what is available", "[common]") {
   std::mt19937_64 rng(std::random_device{}());
   const int64_t n = std::uniform_int_distribution<int64_t>(1, 4000)(rng);
   const auto bytes = [](const std::string& text) { return parse_memory_amount(text).value().bytes; };
