@@ -404,11 +404,12 @@ void add_engine_commands(CLI::App& app, std::function<int()>* run) {
   CLI::App* mk = tools->add_subcommand("make-test-model", "Write a small random Llama GGUF (F32) for tests");
   mk->add_option("--out", *out, "Output path")->required();
   mk->add_option("--seed", spec->seed, "Random seed");
-  mk->add_option("--arch", spec->arch, "llama or qwen2");
+  mk->add_option("--arch", spec->arch, "llama, qwen2 or qwen3");
   mk->add_option("--layers", spec->n_layers, "Decoder layers");
   mk->add_option("--dim", spec->dim, "Embedding width");
   mk->add_option("--heads", spec->n_heads, "Attention heads");
   mk->add_option("--kv-heads", spec->n_kv_heads, "KV heads (GQA)");
+  mk->add_option("--head-dim", spec->head_dim, "qwen3: the head dim (default dim / heads)");
   mk->add_option("--ffn", spec->ffn_dim, "Feed-forward width");
   mk->add_option("--ctx", spec->n_ctx, "Context length");
   mk->add_option("--rope-theta", spec->rope_theta, "RoPE base");

@@ -38,6 +38,16 @@ Tensor Tensor::col_slice(int64_t c0, int64_t n) const {
   return t;
 }
 
+void Backend::head_rms_norm(const Tensor& x, int head_dim, const Matrix& w, float eps) {
+  BATON_CHECK(head_dim > 0 && x.cols % head_dim == 0, "head_rms_norm: %ld columns are not heads of %d",
+              static_cast<long>(x.cols), head_dim);
+  for (int64_t t = 0; t < x.rows; ++t) {
+    const Tensor row = x.row_slice(t, 1);
+    const Tensor heads{row.data, x.dtype, x.cols / head_dim, head_dim, head_dim};
+    rms_norm(heads, w, eps, heads);
+  }
+}
+
 Tensor Tensor::row_slice(int64_t r0, int64_t n) const {
   BATON_CHECK(r0 >= 0 && n >= 0 && r0 + n <= rows, "row slice [%ld, %ld) of %ld rows", static_cast<long>(r0),
               static_cast<long>(r0 + n), static_cast<long>(rows));

@@ -204,6 +204,10 @@ class Backend {
   virtual void gemm(const Tensor& x, const Matrix& w, const Matrix* bias, const Tensor& y, bool accumulate) = 0;
   // out[t] = x[t] / sqrt(mean(x[t]²) + eps) * w
   virtual void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) = 0;
+  // Every head_dim-wide segment of every row of x [T, n·head_dim], in place: x[t, h] = x[t, h] /
+  // sqrt(mean(x[t, h]²) + eps) * w (head_dim values): Qwen3's q and k norms. The default runs
+  // rms_norm on each row's heads.
+  virtual void head_rms_norm(const Tensor& x, int head_dim, const Matrix& w, float eps);
   // out[t] = table[ids[t]]
   virtual void embed(const Matrix& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
   // True when embed() can gather rows of this GEMM weight itself (a tied LM head that is also the

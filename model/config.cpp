@@ -17,8 +17,9 @@ Status read_positive(const GgufFile& f, const std::string& key, int* out) {
 Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   ModelConfig c;
   BATON_ASSIGN_OR_RETURN(c.arch, f.get_string("general.architecture"));
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral") {
-    return unimplemented("model architecture '" + c.arch + "' is not supported (baton runs llama, qwen2, mistral)");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "mistral") {
+    return unimplemented("model architecture '" + c.arch +
+                         "' is not supported (baton runs llama, qwen2, qwen3, mistral)");
   }
   if (auto name = f.get_string("general.name"); name.ok()) c.name = *name;
   const std::string a = c.arch + ".";
@@ -39,9 +40,17 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   if (f.find(a + "attention.key_length") != nullptr) {
     BATON_RETURN_IF_ERROR(read_positive(f, a + "attention.key_length", &c.head_dim));
   }
-  if (c.head_dim * c.n_heads != c.dim) {
+  if (c.head_dim * c.n_heads != c.dim && c.arch != "qwen3") {
     return unimplemented("head_dim " + std::to_string(c.head_dim) + " × " + std::to_string(c.n_heads) +
                          " heads differs from embedding_length " + std::to_string(c.dim));
+  }
+  if (f.find(a + "attention.value_length") != nullptr) {
+    int value_length = 0;
+    BATON_RETURN_IF_ERROR(read_positive(f, a + "attention.value_length", &value_length));
+    if (value_length != c.head_dim) {
+      return unimplemented("attention.value_length " + std::to_string(value_length) + " differs from key_length " +
+                           std::to_string(c.head_dim));
+    }
   }
   if (c.head_dim % 2 != 0 || c.head_dim > 256) {
     return unimplemented("head_dim " + std::to_string(c.head_dim) + " is not supported (even, at most 256)");
@@ -56,9 +65,9 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
       return invalid_argument("rope.dimension_count " + std::to_string(c.rope.n_rot) + " does not fit head_dim");
     }
   }
-  // llama.cpp's converter permutes llama Q/K weights for adjacent-pair rotation; qwen2 keeps the
-  // half-split (NeoX) layout.
-  c.rope.neox = c.arch == "qwen2";
+  // llama.cpp's converter permutes llama Q/K weights for adjacent-pair rotation; qwen2 and qwen3
+  // keep the half-split (NeoX) layout.
+  c.rope.neox = c.arch == "qwen2" || c.arch == "qwen3";
   if (auto type = f.get_string(a + "rope.scaling.type"); type.ok() && *type != "none") {
     if (*type != "linear") return unimplemented("rope scaling '" + *type + "' is not supported (linear only)");
     BATON_ASSIGN_OR_RETURN(double factor, f.get_float(a + "rope.scaling.factor"));
@@ -66,6 +75,15 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
     c.rope.freq_scale = static_cast<float>(1.0 / factor);
   }
   c.qkv_bias = f.tensor("blk.0.attn_q.bias") != nullptr;
+  const bool q_norm = f.tensor("blk.0.attn_q_norm.weight") != nullptr, k_norm = f.tensor("blk.0.attn_k_norm.weight") != nullptr;
+  if (c.arch == "qwen3" && !(q_norm && k_norm)) {
+    return not_found("qwen3 needs per-head q/k norms: tensor 'blk.0.attn_" + std::string(q_norm ? "k" : "q") +
+                     "_norm.weight' is missing");
+  }
+  if (c.arch != "qwen3" && (q_norm || k_norm)) {
+    return unimplemented(c.arch + " with per-head q/k norms (attn_q_norm, attn_k_norm) is not supported");
+  }
+  c.qk_norm = c.arch == "qwen3";
   c.tied_output = f.tensor("output.weight") == nullptr;
   const GgufTensorInfo* embd = f.tensor("token_embd.weight");
   if (embd == nullptr) return not_found("tensor 'token_embd.weight' is missing");

@@ -128,11 +128,15 @@ Result<ModelConfig> config_from_json(const Json& c) {
   const Json arch = c.value("architectures", Json::array());
   const std::string name = arch.is_array() && arch.size() == 1 && arch[0].is_string() ? arch[0].get<std::string>() : "";
   static const std::map<std::string, std::string> kArchs = {
-      {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"}};
+      {"LlamaForCausalLM", "llama"},
+      {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},
+      {"Qwen3ForCausalLM", "qwen3"}};
   const auto it = kArchs.find(name);
   if (it == kArchs.end()) {
     return unimplemented("config.json architectures " + arch.dump().substr(0, 100) +
-                         " is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM are)");
+                         " is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                         "Qwen3ForCausalLM are)");
   }
   config.arch = it->second;
   config.name = c.value("_name_or_path", name);
@@ -152,7 +156,7 @@ Result<ModelConfig> config_from_json(const Json& c) {
   if (config.head_dim % 2 != 0 || config.head_dim > 256) {
     return unimplemented("head_dim " + std::to_string(config.head_dim) + " is not supported (even, at most 256)");
   }
-  if (config.head_dim * config.n_heads != config.dim) {
+  if (config.head_dim * config.n_heads != config.dim && config.arch != "qwen3") {
     return unimplemented("head_dim " + std::to_string(config.head_dim) + " x " + std::to_string(config.n_heads) +
                          " heads differs from hidden_size " + std::to_string(config.dim));
   }
@@ -160,7 +164,7 @@ Result<ModelConfig> config_from_json(const Json& c) {
   BATON_RETURN_IF_ERROR(read_rope(c, config));
   // A sliding window (Mistral's sliding_window; Qwen2's when use_sliding_window) is honoured by
   // serving no context longer than it: within it, attention over everything is what it computes.
-  const bool windowed = config.arch == "qwen2" ? c.value("use_sliding_window", false) : true;
+  const bool windowed = config.arch.starts_with("qwen") ? c.value("use_sliding_window", false) : true;
   if (windowed && c.contains("sliding_window") && !c.at("sliding_window").is_null()) {
     BATON_ASSIGN_OR_RETURN(const int window, positive(c, "sliding_window"));
     if (window < config.n_ctx) {
@@ -171,7 +175,10 @@ Result<ModelConfig> config_from_json(const Json& c) {
       config.n_ctx = window;
     }
   }
+  // Qwen3 has no q/k/v biases (attention_bias, which would add o's too, is refused above); it
+  // normalises q and k per head before RoPE.
   config.qkv_bias = config.arch == "qwen2";
+  config.qk_norm = config.arch == "qwen3";
   config.tied_output = c.value("tie_word_embeddings", false);
   return config;
 }
@@ -190,6 +197,7 @@ std::string baton_name(const std::string& hf, int n_layers, bool* ignore) {
       {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.o_proj.weight", "attn_output.weight"},
       {"self_attn.q_proj.bias", "attn_q.bias"},       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},       {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},        {"mlp.down_proj.weight", "ffn_down.weight"},
   };
   *ignore = false;
@@ -292,6 +300,13 @@ class HfModelSource final : public ModelSource {
       return not_found("tensor 'lm_head.weight' is missing and tie_word_embeddings is false");
     }
     if (config_.tied_output) tensors_.erase("output.weight");  // the embeddings are the head
+    for (const char* norm : {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"}) {
+      if (tensors_.contains(norm) != config_.qk_norm) {
+        const std::string hf = std::string("model.layers.0.self_attn.") + (norm[11] == 'q' ? "q" : "k") + "_norm.weight";
+        return config_.qk_norm ? not_found("tensor '" + hf + "' is missing (" + config_.arch + " normalises q and k)")
+                               : unimplemented(config_.arch + " with " + hf + " (per-head q/k norms) is not supported");
+      }
+    }
     const bool biased = tensors_.contains("blk.0.attn_q.bias");
     if (biased != config_.qkv_bias) {
       return invalid_argument(config_.arch + (biased ? " has q/k/v biases, which its config does not ask for"

@@ -254,6 +254,12 @@ Status Model::load_weights(const ModelSource& f, const LoadProgress& progress) {
       bq.insert(bq.end(), bv.begin(), bv.end());
       w.bqkv = be.make_matrix(bq.data(), 1, q_dim + 2 * kv_dim, MatrixUse::kVector);
     }
+    if (c.qk_norm) {
+      BATON_ASSIGN_OR_RETURN(std::vector<float> qn, tensor(p + "attn_q_norm.weight", 1, c.head_dim));
+      BATON_ASSIGN_OR_RETURN(std::vector<float> kn, tensor(p + "attn_k_norm.weight", 1, c.head_dim));
+      w.q_norm = be.make_matrix(qn.data(), 1, c.head_dim, MatrixUse::kVector);
+      w.k_norm = be.make_matrix(kn.data(), 1, c.head_dim, MatrixUse::kVector);
+    }
     BATON_ASSIGN_OR_RETURN(w.wo, load_gemm(f, {{p + "attn_output.weight", c.dim}}, q_dim));
     BATON_ASSIGN_OR_RETURN(w.w_gate_up, load_gemm(f, {{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}},
                                                   c.dim));
@@ -348,6 +354,12 @@ void Model::run(const StepBatch& batch, KvCache& cache, const LayerDone& layer_d
       const LayerWeights& w = layers_[l];
       timed(be, "rms_norm", [&] { be.rms_norm(x, *w.attn_norm, c.rms_eps, h); });
       timed(be, "gemm_qkv", [&] { be.gemm(h, *w.wqkv, w.bqkv.get(), qkv, /*accumulate=*/false); });
+      if (w.q_norm) {
+        timed(be, "qk_norm", [&] {
+          be.head_rms_norm(q, c.head_dim, *w.q_norm, c.rms_eps);
+          be.head_rms_norm(k, c.head_dim, *w.k_norm, c.rms_eps);
+        });
+      }
       timed(be, "rope", [&] { be.rope(q, k, view.positions, c.head_dim, c.rope); });
       timed(be, "kv_write", [&] { be.kv_write(cache, l, k, v, view); });
       if (layer_done) layer_done(l);

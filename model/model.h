@@ -24,6 +24,8 @@ struct LayerWeights {
   std::unique_ptr<Matrix> attn_norm;  // (dim)
   std::unique_ptr<Matrix> wqkv;       // (n_heads*hd + 2*n_kv*hd, dim): q rows, then k, then v
   std::unique_ptr<Matrix> bqkv;       // (n_heads*hd + 2*n_kv*hd) or null
+  std::unique_ptr<Matrix> q_norm;     // (hd) or null: per-head RMSNorm of q before RoPE (qwen3)
+  std::unique_ptr<Matrix> k_norm;     // (hd) or null
   std::unique_ptr<Matrix> wo;         // (dim, n_heads*hd)
   std::unique_ptr<Matrix> ffn_norm;   // (dim)
   std::unique_ptr<Matrix> w_gate_up;  // (2*ffn_dim, dim): gate rows, then up

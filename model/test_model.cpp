@@ -34,13 +34,18 @@ std::string byte_token(int b) {
 }  // namespace
 
 Status validate_test_model_spec(const TestModelSpec& s) {
-  if (s.arch != "llama" && s.arch != "qwen2") return invalid_argument("--arch must be llama or qwen2");
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
+    return invalid_argument("--arch must be llama, qwen2 or qwen3");
+  }
+  if (s.head_dim != 0 && (s.arch != "qwen3" || s.head_dim < 0 || s.head_dim % 2 != 0)) {
+    return invalid_argument("--head-dim is qwen3's, and even");
+  }
   if (s.n_layers <= 0 || s.dim <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 || s.ffn_dim <= 0 || s.n_ctx <= 0) {
     return invalid_argument("layers, dim, heads, kv-heads, ffn and ctx must be positive");
   }
-  if (s.dim % s.n_heads != 0) return invalid_argument("--dim must be a multiple of --heads");
+  if (s.head_dim == 0 && s.dim % s.n_heads != 0) return invalid_argument("--dim must be a multiple of --heads");
   if (s.n_heads % s.n_kv_heads != 0) return invalid_argument("--heads must be a multiple of --kv-heads");
-  if ((s.dim / s.n_heads) % 2 != 0) return invalid_argument("the head dim (dim / heads) must be even");
+  if (s.head_dim == 0 && (s.dim / s.n_heads) % 2 != 0) return invalid_argument("the head dim (dim / heads) must be even");
   const std::vector<std::string> types = {"f32", "q4_k", "q5_k", "q6_k", "mixed"};
   if (std::find(types.begin(), types.end(), s.gemm_type) == types.end()) {
     return invalid_argument("--gemm-type must be f32, q4_k, q5_k, q6_k or mixed");
@@ -71,7 +76,7 @@ GgufWriter make_test_model(const TestModelSpec& s) {
     types.push_back(1);
   }
   const int n_vocab = static_cast<int>(tokens.size());
-  const int hd = s.dim / s.n_heads;
+  const int hd = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
 
   GgufWriter w;
   const std::string a = s.arch + ".";
@@ -85,6 +90,10 @@ GgufWriter make_test_model(const TestModelSpec& s) {
   w.add_u32(a + "attention.head_count_kv", s.n_kv_heads);
   w.add_f32(a + "rope.freq_base", s.rope_theta);
   w.add_u32(a + "rope.dimension_count", hd);
+  if (s.arch == "qwen3") {
+    w.add_u32(a + "attention.key_length", hd);
+    w.add_u32(a + "attention.value_length", hd);
+  }
   w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_string("tokenizer.ggml.model", "gpt2");
   w.add_string("tokenizer.ggml.pre", "gpt-2");
@@ -115,6 +124,7 @@ GgufWriter make_test_model(const TestModelSpec& s) {
   };
   const auto d = static_cast<uint64_t>(s.dim), f = static_cast<uint64_t>(s.ffn_dim);
   const uint64_t kv = static_cast<uint64_t>(s.n_kv_heads) * hd;
+  const uint64_t qd = static_cast<uint64_t>(s.n_heads) * hd;
   const uint64_t v = static_cast<uint64_t>(n_vocab);
   w.add_tensor_f32("token_embd.weight", {d, v}, normal(d * v, 1.0));
   w.add_tensor_f32("output_norm.weight", {d}, around_one(d));
@@ -139,15 +149,19 @@ GgufWriter make_test_model(const TestModelSpec& s) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const double in_d = 1.0 / std::sqrt(static_cast<double>(s.dim));
     w.add_tensor_f32(p + "attn_norm.weight", {d}, around_one(d));
-    gemm(p + "attn_q.weight", {d, d}, normal(d * d, in_d * 2.0));
+    gemm(p + "attn_q.weight", {d, qd}, normal(d * qd, in_d * 2.0));
     gemm(p + "attn_k.weight", {d, kv}, normal(d * kv, in_d * 2.0));
     gemm(p + "attn_v.weight", {d, kv}, normal(d * kv, in_d));
     if (s.arch == "qwen2") {
-      w.add_tensor_f32(p + "attn_q.bias", {d}, normal(d, 0.1));
+      w.add_tensor_f32(p + "attn_q.bias", {qd}, normal(qd, 0.1));
       w.add_tensor_f32(p + "attn_k.bias", {kv}, normal(kv, 0.1));
       w.add_tensor_f32(p + "attn_v.bias", {kv}, normal(kv, 0.1));
     }
-    gemm(p + "attn_output.weight", {d, d}, normal(d * d, in_d));
+    if (s.arch == "qwen3") {
+      w.add_tensor_f32(p + "attn_q_norm.weight", {static_cast<uint64_t>(hd)}, around_one(hd));
+      w.add_tensor_f32(p + "attn_k_norm.weight", {static_cast<uint64_t>(hd)}, around_one(hd));
+    }
+    gemm(p + "attn_output.weight", {qd, d}, normal(qd * d, 1.0 / std::sqrt(static_cast<double>(qd))));
     w.add_tensor_f32(p + "ffn_norm.weight", {d}, around_one(d));
     gemm(p + "ffn_gate.weight", {d, f}, normal(d * f, in_d));
     gemm(p + "ffn_up.weight", {d, f}, normal(d * f, in_d));

@@ -10,12 +10,15 @@
 namespace baton {
 
 struct TestModelSpec {
-  std::string arch = "llama";  // llama (adjacent-pair RoPE) or qwen2 (NeoX RoPE, q/k/v bias)
+  // llama (adjacent-pair RoPE), qwen2 (NeoX RoPE, q/k/v bias) or qwen3 (NeoX RoPE, per-head q/k
+  // RMSNorm, head_dim of its own)
+  std::string arch = "llama";
   uint64_t seed = 1;
   int n_layers = 2;
   int dim = 64;
   int n_heads = 4;
   int n_kv_heads = 2;
+  int head_dim = 0;  // 0: dim / n_heads; qwen3 may give another (n_heads · head_dim ≠ dim)
   int ffn_dim = 128;
   int n_ctx = 1024;
   // Untied by default: with a tied head the random model's logits are dominated by the input

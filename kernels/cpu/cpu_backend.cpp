@@ -304,6 +304,9 @@ class CpuBackend final : public Backend {
   void rms_norm(const Tensor& x, const Matrix& w, float eps, const Tensor& out) override {
     cpu::rms_norm(x, vec(w), eps, out);
   }
+  void head_rms_norm(const Tensor& x, int head_dim, const Matrix& w, float eps) override {
+    cpu::head_rms_norm(x, head_dim, vec(w), eps);
+  }
   bool embeds_from(const Matrix& m) const override {
     const auto* q = dynamic_cast<const CpuQuantMatrix*>(&m);
     return q != nullptr && q->parts.size() == 1;

@@ -27,6 +27,8 @@ struct AttentionScratch {
 };
 
 void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out);
+// Backend::head_rms_norm: each head_dim segment of each row of x normalised in place.
+void head_rms_norm(const Tensor& x, int head_dim, const float* w, float eps);
 void embed(const float* table, int64_t dim, const int32_t* ids, int64_t n, const Tensor& out);
 void rope(const Tensor& q, const Tensor& k, const int32_t* positions, int head_dim, const RopeConfig& rope);
 void silu_mul(const Tensor& gate_up, const Tensor& out);

@@ -11,19 +11,35 @@
 
 namespace baton::cpu {
 
+namespace {
+
+// y = x / sqrt(mean(x²) + eps) * w over n values (y may be x).
+inline void rms_normalise(const float* x, float* y, int64_t n, const float* w, float eps) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+}
+
+}  // namespace
+
 void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out) {
   const int64_t d = x.cols;
   BATON_CHECK(out.rows == x.rows && out.cols == d, "rms_norm shape mismatch");
 #pragma omp parallel for schedule(static) if (worth_parallel(x.rows * d))
-  for (int64_t r = 0; r < x.rows; ++r) {
-    const float* xr = x.f32() + r * x.ld;
-    float* yr = out.f32() + r * out.ld;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
+  for (int64_t r = 0; r < x.rows; ++r) rms_normalise(x.f32() + r * x.ld, out.f32() + r * out.ld, d, w, eps);
+}
+
+void head_rms_norm(const Tensor& x, int head_dim, const float* w, float eps) {
+  BATON_CHECK(head_dim > 0 && x.cols % head_dim == 0, "head_rms_norm: %ld columns are not heads of %d",
+              static_cast<long>(x.cols), head_dim);
+  const int64_t heads = x.cols / head_dim;
+#pragma omp parallel for schedule(static) if (worth_parallel(x.rows * x.cols))
+  for (int64_t i = 0; i < x.rows * heads; ++i) {
+    float* v = x.f32() + (i / heads) * x.ld + (i % heads) * head_dim;
+    rms_normalise(v, v, head_dim, w, eps);
   }
 }
 

@@ -243,6 +243,10 @@ class CudaBackend final : public Backend {
     bind();
     cuda::rms_norm(x, vec(w), eps, out, stream_);
   }
+  void head_rms_norm(const Tensor& x, int head_dim, const Matrix& w, float eps) override {
+    bind();
+    cuda::head_rms_norm(x, head_dim, vec(w), eps, stream_);
+  }
   void embed(const Matrix& table_base, const int32_t* ids, int64_t n, const Tensor& out) override {
     const auto& table = static_cast<const CudaMatrix&>(table_base);
     BATON_CHECK(out.rows == n, "embed of %ld ids into %ld rows", static_cast<long>(n), static_cast<long>(out.rows));

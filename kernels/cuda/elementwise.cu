@@ -92,9 +92,11 @@ bool vec8_ok(const Tensor& t) {
 
 template <typename Tin, typename Tout>
 __global__ void rms_norm_vec8_kernel(const Tin* x, int64_t ld_x, const float* w, float eps, Tout* out, int64_t ld_out,
-                                     int64_t cols) {
-  const Tin* xr = x + blockIdx.x * ld_x;
-  Tout* yr = out + blockIdx.x * ld_out;
+                                     int64_t cols, int64_t segs) {
+  // One block per row segment: `segs` segments of `cols` per row (1 for a whole-row norm).
+  const int64_t row = blockIdx.x / segs, seg = blockIdx.x % segs;
+  const Tin* xr = x + row * ld_x + seg * cols;
+  Tout* yr = out + row * ld_out + seg * cols;
   float ss = 0.0f;
   float v[8];
   for (int64_t i = 8 * threadIdx.x; i < cols; i += 8 * blockDim.x) {
@@ -129,9 +131,10 @@ __global__ void silu_mul_vec8_kernel(const Tin* gu, int64_t ld_gu, Tout* out, in
 
 template <typename Tin, typename Tout>
 __global__ void rms_norm_kernel(const Tin* x, int64_t ld_x, const float* w, float eps, Tout* out, int64_t ld_out,
-                                int64_t cols) {
-  const Tin* xr = x + blockIdx.x * ld_x;
-  Tout* yr = out + blockIdx.x * ld_out;
+                                int64_t cols, int64_t segs) {
+  const int64_t row = blockIdx.x / segs, seg = blockIdx.x % segs;
+  const Tin* xr = x + row * ld_x + seg * cols;
+  Tout* yr = out + row * ld_out + seg * cols;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
     const float v = load(xr + i);
@@ -238,21 +241,39 @@ __global__ void kv_copy_packed_kernel(uint4* k_cache, uint4* v_cache, int64_t ro
 
 }  // namespace
 
-void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out, cudaStream_t stream) {
-  BATON_CHECK(out.rows == x.rows && out.cols == x.cols, "rms_norm shape mismatch");
+namespace {
+
+// x's rows normalised in `segs` segments of `width` each (whole rows: one of x.cols) into out.
+void rms_norm_segments(const Tensor& x, int64_t width, int64_t segs, const float* w, float eps, const Tensor& out,
+                       cudaStream_t stream) {
   if (x.rows == 0) return;
   with_types(x.dtype, out.dtype, [&](auto* tin, auto* tout) {
     using Tin = std::remove_pointer_t<decltype(tin)>;
     using Tout = std::remove_pointer_t<decltype(tout)>;
-    if (vec8_ok(x) && vec8_ok(out) && reinterpret_cast<uintptr_t>(w) % 16 == 0) {
-      rms_norm_vec8_kernel<<<grid_rows(x.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(x.data), x.ld, w, eps,
-                                                                       static_cast<Tout*>(out.data), out.ld, x.cols);
+    const size_t elem = dtype_size(x.dtype);
+    if (vec8_ok(x) && vec8_ok(out) && (width * elem) % 16 == 0 && width % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(w) % 16 == 0) {
+      rms_norm_vec8_kernel<<<grid_rows(x.rows * segs), kThreads, 0, stream>>>(
+          static_cast<const Tin*>(x.data), x.ld, w, eps, static_cast<Tout*>(out.data), out.ld, width, segs);
     } else {
-      rms_norm_kernel<<<grid_rows(x.rows), kThreads, 0, stream>>>(static_cast<const Tin*>(x.data), x.ld, w, eps,
-                                                                  static_cast<Tout*>(out.data), out.ld, x.cols);
+      rms_norm_kernel<<<grid_rows(x.rows * segs), kThreads, 0, stream>>>(
+          static_cast<const Tin*>(x.data), x.ld, w, eps, static_cast<Tout*>(out.data), out.ld, width, segs);
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out, cudaStream_t stream) {
+  BATON_CHECK(out.rows == x.rows && out.cols == x.cols, "rms_norm shape mismatch");
+  rms_norm_segments(x, x.cols, 1, w, eps, out, stream);
+}
+
+void head_rms_norm(const Tensor& x, int head_dim, const float* w, float eps, cudaStream_t stream) {
+  BATON_CHECK(head_dim > 0 && x.cols % head_dim == 0, "head_rms_norm: %ld columns are not heads of %d",
+              static_cast<long>(x.cols), head_dim);
+  rms_norm_segments(x, head_dim, x.cols / head_dim, w, eps, x, stream);
 }
 
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids_d, const Tensor& out, cudaStream_t stream) {

@@ -14,6 +14,8 @@ namespace baton::cuda {
 
 // out[t] = x[t] / sqrt(mean(x[t]²) + eps) * w, w f32 [cols].
 void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& out, cudaStream_t stream);
+// Backend::head_rms_norm: each head_dim segment of each row of x normalised in place.
+void head_rms_norm(const Tensor& x, int head_dim, const float* w, float eps, cudaStream_t stream);
 // out[t] = table[ids[t]], table bf16 [n_vocab, dim].
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids_d, const Tensor& out, cudaStream_t stream);
 // Rotates q and k in place; inv_freq_d: n_rot/2 doubles (theta^(-2i/n_rot) / factor_i).

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+         "qwen3": "Qwen3ForCausalLM"}
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None}
 
 
@@ -98,6 +99,8 @@ def random_model(out: Path, arch: str, rng, *, dtype="F32", tied=False, shards=1
     n_kv = rng.choice([k for k in (1, 2, 4, 8) if n_heads % k == 0])
     head_dim = rng.choice([8, 16, 32])
     dim = n_heads * head_dim
+    if arch == "qwen3":  # its head_dim is its own: n_heads · head_dim need not be the width
+        dim = rng.choice([d for d in (24, 48, 64, 96, 160) if d != dim])
     config = {
         "architectures": [ARCHS[arch]], "model_type": arch, "hidden_size": dim,
         "intermediate_size": rng.choice([64, 96, 192]), "num_hidden_layers": rng.randint(1, 3),
@@ -113,9 +116,12 @@ def random_model(out: Path, arch: str, rng, *, dtype="F32", tied=False, shards=1
     if arch == "qwen2":
         config["use_sliding_window"] = False
         config["sliding_window"] = 4096
+    if arch == "qwen3":  # Qwen3-0.6B's config keys, at this size
+        config.update(head_dim=head_dim, attention_bias=False, use_sliding_window=False, sliding_window=None,
+                      max_window_layers=config["num_hidden_layers"], attention_dropout=0.0)
     config.update(extra_config or {})
     nrng = np.random.default_rng(rng.randrange(1 << 31))
-    ffn, kv_dim = config["intermediate_size"], n_kv * head_dim
+    ffn, kv_dim, q_dim = config["intermediate_size"], n_kv * head_dim, n_heads * head_dim
 
     def mat(rows, cols):
         return (nrng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
@@ -130,10 +136,13 @@ def random_model(out: Path, arch: str, rng, *, dtype="F32", tied=False, shards=1
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm(dim)
         t[p + "post_attention_layernorm.weight"] = norm(dim)
-        t[p + "self_attn.q_proj.weight"] = mat(dim, dim)
+        t[p + "self_attn.q_proj.weight"] = mat(q_dim, dim)
         t[p + "self_attn.k_proj.weight"] = mat(kv_dim, dim)
         t[p + "self_attn.v_proj.weight"] = mat(kv_dim, dim)
-        t[p + "self_attn.o_proj.weight"] = mat(dim, dim)
+        t[p + "self_attn.o_proj.weight"] = mat(dim, q_dim)
+        if arch == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            t[p + "self_attn.k_norm.weight"] = norm(head_dim)
         if arch == "qwen2":
             for name, n in (("q_proj", dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
                 t[p + f"self_attn.{name}.bias"] = (0.5 * nrng.standard_normal(n)).astype(np.float32)

@@ -1,9 +1,10 @@
 """An independent numpy forward pass for Hugging Face model directories (LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM), written from transformers' modelling code, not from
-baton's: it reads config.json and the safetensors files itself (its own parser, F32/F16/BF16),
-and follows modeling_llama / modeling_qwen2 step by step:
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM), written from transformers' modelling
+code, not from baton's: it reads config.json and the safetensors files itself (its own parser,
+F32/F16/BF16), and follows modeling_llama / modeling_qwen2 / modeling_qwen3 step by step:
 
-  embed -> per layer: RMSNorm, q/k/v projections (+ biases for Qwen2), RoPE by rotate_half on the
+  embed -> per layer: RMSNorm, q/k/v projections (+ biases for Qwen2; Qwen3: q_norm and k_norm,
+  an RMSNorm over each head's head_dim, before RoPE), RoPE by rotate_half on the
   unpermuted weights with cos/sin of cat(freqs, freqs), repeat_kv for GQA, causal softmax
   attention scaled by 1/sqrt(head_dim), o_proj, residual; RMSNorm, down(silu(gate) * up),
   residual -> final RMSNorm -> lm_head (or the embeddings when tied).
@@ -122,6 +123,9 @@ class HfReference:
             q = proj("q_proj").reshape(T, H, D)
             k = proj("k_proj").reshape(T, KV, D)
             v = proj("v_proj").reshape(T, KV, D)
+            if p + "self_attn.q_norm.weight" in w:  # Qwen3Attention: q_norm / k_norm over head_dim
+                q = rms_norm(q, w[p + "self_attn.q_norm.weight"], self.eps)
+                k = rms_norm(k, w[p + "self_attn.k_norm.weight"], self.eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             k = np.repeat(k, H // KV, axis=1)  # repeat_kv

@@ -9,7 +9,9 @@ quantised blocks encode) and then held as float64; all activations, matmuls, RoP
 norms are computed in float64 end to end. Only the returned logits are cast to float32.
 
 Supported: architectures `llama` (also Mistral / SmolLM2 / Llama 2-3 GGUFs, which use arch
-`llama`) and `qwen2` (q/k/v biases). Hyper-parameters come from the GGUF metadata:
+`llama`), `qwen2` (q/k/v biases) and `qwen3` (an RMSNorm of each q and k head before RoPE,
+blk.N.attn_q_norm / attn_k_norm, as llama.cpp's qwen3 graph and transformers' Qwen3Attention
+apply it; head_dim from key_length, so n_head · head_dim may differ from the embedding width). Hyper-parameters come from the GGUF metadata:
   {arch}.block_count, .embedding_length, .attention.head_count, .attention.head_count_kv,
   .rope.freq_base (default 10000), .attention.layer_norm_rms_epsilon,
   .rope.dimension_count (optional, default head_dim), .attention.key_length (optional).
@@ -36,7 +38,7 @@ import time
 import numpy as np
 
 # Architectures whose GGUF stores Q/K for NEOX-style rotation (llama.cpp LLAMA_ROPE_TYPE_NEOX).
-_NEOX_ARCHS = {"qwen2"}
+_NEOX_ARCHS = {"qwen2", "qwen3"}
 _NORMAL_ARCHS = {"llama"}
 
 
@@ -108,6 +110,9 @@ class Reference:
                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
             for k in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 L[k + "_b"] = w.get(p + k + ".bias")
+            for k in ("attn_q_norm", "attn_k_norm"):
+                L[k] = w.get(p + k + ".weight")
+            assert (L["attn_q_norm"] is not None) == (arch == "qwen3"), "q/k norms are qwen3's"
             assert L["attn_q"].shape == (self.n_head * self.head_dim, self.dim), L["attn_q"].shape
             assert L["attn_k"].shape == (self.n_kv_head * self.head_dim, self.dim)
             assert L["attn_v"].shape == (self.n_kv_head * self.head_dim, self.dim)
@@ -165,6 +170,9 @@ class Reference:
             q = self._linear(h, L["attn_q"], L["attn_q_b"]).reshape(T, H, D)
             k = self._linear(h, L["attn_k"], L["attn_k_b"]).reshape(T, KV, D)
             v = self._linear(h, L["attn_v"], L["attn_v_b"]).reshape(T, KV, D)
+            if L["attn_q_norm"] is not None:  # per head, over head_dim
+                q = self._rms_norm(q, L["attn_q_norm"])
+                k = self._rms_norm(k, L["attn_k_norm"])
             q = self._rope(q, pos)
             k = self._rope(k, pos)
             c["k"] = np.concatenate([c["k"], k], axis=0)

@@ -4,7 +4,8 @@ transformers' modelling code (rotate_half RoPE on unpermuted q/k, repeat_kv, lla
 
 - random-weight models of random small shapes (a fresh seed each run, printed;
   BATON_REFERENCE_SEED replays it): Llama with llama3 RoPE scaling in BF16, Llama with tied
-  embeddings in F16 across two shards, Qwen2 with q/k/v biases, Mistral with a sliding window.
+  embeddings in F16 across two shards, Qwen2 with q/k/v biases, Qwen3 (q/k norms, its own
+  head_dim, tied embeddings), Mistral with a sliding window.
   `baton generate --dtype f32 --logits-all-out` gives every prompt position's logits within
   LOGITS_TOL x the reference's logit range (the derivation is test_reference_archs.py's: f32
   against float64 over a few layers; measured ~5e-7), and the same greedy ids unless the
@@ -44,6 +45,7 @@ MODELS = {
         "original_max_position_embeddings": 64})),
     "llama-tied-f16-shards": ("llama", dict(dtype="F16", tied=True, shards=2)),
     "qwen2-biases": ("qwen2", dict(dtype="BF16")),
+    "qwen3-qk-norm": ("qwen3", dict(dtype="BF16", tied=True)),
     "mistral-window": ("mistral", dict(sliding_window=128)),
 }
 

@@ -2,7 +2,9 @@
 supports, against the independent numpy reference (reference.py):
 
   * llama: RoPE on ADJACENT pairs (x[2i], x[2i+1]), no biases;
-  * qwen2: NEOX RoPE on pairs (x[i], x[i + d/2]), biases on q, k and v.
+  * qwen2: NEOX RoPE on pairs (x[i], x[i + d/2]), biases on q, k and v;
+  * qwen3: NEOX RoPE, an RMSNorm of every q and k head before it, and a head dim of its own
+    (n_heads · head_dim differs from the embedding width).
 
 For each, a model of random shape (heads, GQA ratio, head dim, layers, FFN width, tied or separate
 LM head) and random weights is written with a fresh seed each run (printed: rerun with
@@ -48,9 +50,13 @@ def make_model(baton_bin, path, arch, rng):
     n_heads = rng.choice([2, 4, 8])
     n_kv_heads = rng.choice([k for k in (1, 2, 4, 8) if n_heads % k == 0])
     head_dim = rng.choice([8, 16, 32])
+    dim = n_heads * head_dim
     flags = ["--arch", arch, "--seed", str(rng.randrange(1 << 31)), "--layers", str(rng.randint(1, 3)),
-             "--dim", str(n_heads * head_dim), "--heads", str(n_heads), "--kv-heads", str(n_kv_heads),
+             "--dim", str(dim), "--heads", str(n_heads), "--kv-heads", str(n_kv_heads),
              "--ffn", str(rng.choice([64, 96, 192])), "--ctx", "256"]
+    if arch == "qwen3":
+        flags[flags.index("--dim") + 1] = str(rng.choice([d for d in (24, 48, 64, 96, 160) if d != dim]))
+        flags += ["--head-dim", str(head_dim)]
     if rng.random() < 0.5:
         flags.append("--tied")
     p = subprocess.run([baton_bin, "tools", "make-test-model", "--out", str(path), *flags],
@@ -71,7 +77,7 @@ def baton_generate(baton_bin, model, ids, logits_path):
     return logits, [int(t) for t in p.stdout.strip().split(",") if t]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_f32_logits_and_greedy_match_the_reference(baton_bin, tmp_path, seed, arch):
     rng = random.Random(f"{seed}/{arch}")
     model = tmp_path / f"{arch}.gguf"
@@ -79,7 +85,10 @@ def test_f32_logits_and_greedy_match_the_reference(baton_bin, tmp_path, seed, ar
     ref = reference.Reference(str(model))
     print(f"{arch}: make-test-model {' '.join(flags)}")
     # The model exercises what sets the architecture apart, read from the GGUF alone.
-    assert ref.arch == arch and ref.neox == (arch == "qwen2")
+    assert ref.arch == arch and ref.neox == (arch in ("qwen2", "qwen3"))
+    assert all((L["attn_q_norm"] is not None) == (arch == "qwen3") for L in ref.layers)
+    if arch == "qwen3":
+        assert ref.n_head * ref.head_dim != ref.dim
     has_bias = [L[k] is not None for L in ref.layers for k in ("attn_q_b", "attn_k_b", "attn_v_b")]
     assert all(has_bias) if arch == "qwen2" else not any(has_bias)
 
