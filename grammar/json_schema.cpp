@@ -217,9 +217,20 @@ class SchemaCompiler {
     if (s.contains("enum")) {
       const json& values = s["enum"];
       if (!values.is_array() || values.empty()) return invalid_argument("'enum' at " + where(path) + " must be a non-empty array");
-      const int32_t r = b_.declare("enum");
+      // The literals' elements are counted before any is built: a huge enum is refused for its
+      // size at once, not after its literals have used up the time bound (which way it went
+      // would then depend on the machine's speed).
+      std::vector<std::string> literals;
+      literals.reserve(values.size());
+      int64_t elements = 0;
       for (const json& v : values) {
-        b_.add_alt(r, b_.lit(v.dump()));
+        literals.push_back(v.dump());
+        elements += static_cast<int64_t>(literals.back().size()) + 1;  // GrammarBuilder::add_alt's count
+      }
+      BATON_RETURN_IF_ERROR(within_budget(path + "/enum", elements));
+      const int32_t r = b_.declare("enum");
+      for (const std::string& lit : literals) {
+        b_.add_alt(r, b_.lit(lit));
         BATON_RETURN_IF_ERROR(within_budget(path + "/enum"));
       }
       return r;
@@ -261,13 +272,16 @@ class SchemaCompiler {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()};
   }
 
-  // The budget's size and time bounds, checked after each piece of grammar is added.
-  Status within_budget(const std::string& path) const {
+  // The budget's size and time bounds, checked after each piece of grammar is added (or before
+  // adding `more_elements`).
+  Status within_budget(const std::string& path, int64_t more_elements = 0) const {
     auto over = [&](const std::string& what) {
       return invalid_argument("the schema is too large for structured output: its grammar passed " + what +
                               " at " + where(path));
     };
-    if (b_.n_elements() > budget_.max_elements) return over(std::to_string(budget_.max_elements) + " elements");
+    if (b_.n_elements() + more_elements > budget_.max_elements) {
+      return over(std::to_string(budget_.max_elements) + " elements");
+    }
     if (b_.n_rules() > budget_.max_rules) return over(std::to_string(budget_.max_rules) + " rules");
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() > budget_.max_seconds) {
       char seconds[32];

@@ -146,13 +146,91 @@ void dequant_q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// Q2_K (84 bytes): 16 bytes of sub-block scales (low nibble: scale, high: minimum, one per 16
+// elements), 64 bytes of 2-bit quants, d and dmin (fp16). Each 128 elements read 32 quant bytes
+// four times, two bits further each time: value = d·(sc & 15)·q − dmin·(sc >> 4).
+void dequant_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* q = b + 16;
+  const float d = load_fp16(b + 80), dmin = load_fp16(b + 82);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t sc = scales[is++];
+        const float dl = d * static_cast<float>(sc & 0xF), ml = dmin * static_cast<float>(sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[16 * half + l] >> shift) & 3) - ml;
+      }
+    }
+  }
+}
+
+// Q3_K (110 bytes): 32 bytes hmask (the third bit), 64 bytes of 2-bit quants, 12 bytes of 6-bit
+// scales (16 of them, offset 32), d (fp16). value = d·(sc − 32)·(q − (high bit set ? 0 : 4)).
+void dequant_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hm = b;
+  const uint8_t* q = b + 32;
+  const float d = load_fp16(b + 108);
+  // The 16 scales: low 4 bits from the first 8 bytes' nibbles, high 2 bits from the last 4.
+  const uint8_t* s = b + 96;
+  int8_t sc[16];
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+  int is = 0;
+  uint8_t m = 1;
+  for (int n = 0; n < 256; n += 128, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2, m = static_cast<uint8_t>(m << 1)) {
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d * static_cast<float>(sc[is++]);
+        for (int l = 0; l < 16; ++l) {
+          const int k = 16 * half + l;
+          const int v = ((q[k] >> shift) & 3) - ((hm[k] & m) ? 0 : 4);
+          *y++ = dl * static_cast<float>(v);
+        }
+      }
+    }
+  }
+}
+
+// IQ4_NL and IQ4_XS map each 4-bit index through one non-linear table.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// 16 bytes of indices for 32 elements (low nibbles first), each times dl.
+void iq4_32(const uint8_t* qs, float dl, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = dl * static_cast<float>(kIq4Values[qs[j] & 0xF]);
+    y[j + 16] = dl * static_cast<float>(kIq4Values[qs[j] >> 4]);
+  }
+}
+
+// IQ4_NL (18 bytes per 32): d (fp16), 16 bytes of indices.
+void dequant_iq4_nl(const uint8_t* b, float* y) { iq4_32(b + 2, load_fp16(b), y); }
+
+// IQ4_XS (136 bytes per 256): d (fp16), scales_h (u16: 2 high bits per 32), scales_l (4 bytes:
+// a low nibble per 32), 128 bytes of indices; sub-block scale = d·(6-bit value − 32).
+void dequant_iq4_xs(const uint8_t* b, float* y) {
+  const float d = load_fp16(b);
+  uint16_t scales_h;
+  std::memcpy(&scales_h, b + 2, 2);
+  const uint8_t* scales_l = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+    iq4_32(qs + 16 * ib, d * static_cast<float>(ls - 32), y + 32 * ib);
+  }
+}
+
 }  // namespace
 
 bool ggml_type_supported(GgmlType type) {
   switch (type) {
     case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0:
     case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
+    case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: case GgmlType::kIQ4_NL: case GgmlType::kIQ4_XS:
       return true;
     default:
       return false;
@@ -162,7 +240,8 @@ bool ggml_type_supported(GgmlType type) {
 Status dequantize(GgmlType type, std::span<const uint8_t> src, float* dst, int64_t n) {
   if (!ggml_type_supported(type)) {
     return unimplemented(std::string("tensor type ") + ggml_type_name(type) +
-                         " is not supported (baton reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+                         " is not supported (baton reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, "
+                         "Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
   }
   GgmlTypeTraits t = ggml_type_traits(type);
   BATON_CHECK(n % t.block_elems == 0, "n=%ld is not a multiple of the block size", static_cast<long>(n));
@@ -192,6 +271,10 @@ Status dequantize(GgmlType type, std::span<const uint8_t> src, float* dst, int64
       if (type == GgmlType::kQ4_K) fn = dequant_q4_k;
       if (type == GgmlType::kQ5_K) fn = dequant_q5_k;
       if (type == GgmlType::kQ6_K) fn = dequant_q6_k;
+      if (type == GgmlType::kQ2_K) fn = dequant_q2_k;
+      if (type == GgmlType::kQ3_K) fn = dequant_q3_k;
+      if (type == GgmlType::kIQ4_NL) fn = dequant_iq4_nl;
+      if (type == GgmlType::kIQ4_XS) fn = dequant_iq4_xs;
       const int64_t elems = t.block_elems;
 #pragma omp parallel for schedule(static)
       for (int64_t b = 0; b < static_cast<int64_t>(n_blocks); ++b) fn(s + b * t.block_bytes, dst + b * elems);

@@ -167,6 +167,8 @@ const char* ggml_type_name(GgmlType type) {
     case GgmlType::kQ5_K: return "Q5_K";
     case GgmlType::kQ6_K: return "Q6_K";
     case GgmlType::kQ8_K: return "Q8_K";
+    case GgmlType::kIQ4_NL: return "IQ4_NL";
+    case GgmlType::kIQ4_XS: return "IQ4_XS";
     case GgmlType::kBF16: return "BF16";
   }
   return "unknown";
@@ -189,6 +191,8 @@ GgmlTypeTraits ggml_type_traits(GgmlType type) {
     case GgmlType::kQ5_K: return {256, 176};
     case GgmlType::kQ6_K: return {256, 210};
     case GgmlType::kQ8_K: return {256, 292};
+    case GgmlType::kIQ4_NL: return {32, 18};
+    case GgmlType::kIQ4_XS: return {256, 136};
   }
   return {};
 }
